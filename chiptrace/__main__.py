@@ -1,0 +1,5 @@
+import sys
+
+from chiptrace.cli import main
+
+sys.exit(main())

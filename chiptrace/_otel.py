@@ -1,0 +1,116 @@
+"""Bridges from stored span columns to OpenTelemetry SDK objects.
+
+The store is columnar; the SDK's exporters want `ReadableSpan` objects. Building them
+costs tens of microseconds a span, so this path is for user-supplied exporters and for
+comparison benchmarks; chiptrace's own exporters encode straight from columns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from chiptrace.config import Config
+from chiptrace.schema import COLUMN_ATTRIBUTES
+
+log = logging.getLogger("chiptrace")
+
+_KIND = {0: SpanKind.INTERNAL, 1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: SpanKind.CLIENT,
+         4: SpanKind.PRODUCER, 5: SpanKind.CONSUMER}  # fmt: skip
+_STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
+_FLAGS = TraceFlags(TraceFlags.SAMPLED)
+
+
+def span_attributes(row: dict[str, Any]) -> dict[str, Any]:
+    """The OpenTelemetry attributes of one stored row: typed columns back to dotted names."""
+    attrs: dict[str, Any] = json.loads(row["attributes"]) if row.get("attributes") else {}
+    for col, key in COLUMN_ATTRIBUTES.items():
+        value = row.get(col)
+        if value is not None:
+            attrs[key] = value
+    return attrs
+
+
+def batch_to_readable_spans(batch: pa.RecordBatch | pa.Table) -> Iterator[ReadableSpan]:
+    """Rebuild SDK `ReadableSpan`s from a span batch, ids and times exactly as stored."""
+    resources: dict[str, Resource] = {}
+    scopes: dict[str, InstrumentationScope] = {}
+    for row in batch.to_pylist():
+        trace_id = int.from_bytes(row["trace_id"], "big")
+        ctx = SpanContext(trace_id, int.from_bytes(row["span_id"], "big"), False, _FLAGS)
+        parent = None
+        if row["parent_span_id"] is not None:
+            parent = SpanContext(trace_id, int.from_bytes(row["parent_span_id"], "big"), False, _FLAGS)
+        res_text = row["resource"] or "{}"
+        if res_text not in resources:
+            resources[res_text] = Resource(json.loads(res_text))
+        scope_name = row["scope"] or "chiptrace"
+        if scope_name not in scopes:
+            scopes[scope_name] = InstrumentationScope(scope_name)
+        events = [
+            Event(e["name"], e.get("attributes") or {}, e["time_ns"])
+            for e in (json.loads(row["events"]) if row["events"] else [])
+        ]
+        links = [
+            Link(
+                SpanContext(int(lk["trace_id"], 16), int(lk["span_id"], 16), False, _FLAGS),
+                lk.get("attributes") or {},
+            )
+            for lk in (json.loads(row["links"]) if row["links"] else [])
+        ]
+        yield ReadableSpan(
+            name=row["name"],
+            context=ctx,
+            parent=parent,
+            resource=resources[res_text],
+            attributes=span_attributes(row),
+            events=events,
+            links=links,
+            kind=_KIND.get(row["kind"], SpanKind.INTERNAL),
+            status=Status(_STATUS.get(row["status_code"], StatusCode.UNSET), row["status_message"]),
+            start_time=row["start_ns"],
+            end_time=row["end_ns"],
+            instrumentation_scope=scopes[scope_name],
+        )
+
+
+class ExporterSink:
+    """Feeds any OpenTelemetry `SpanExporter` from the recorder's writer thread."""
+
+    def __init__(self, exporter: Any, config: Config | None = None) -> None:
+        self.exporter = exporter
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        result = self.exporter.export(list(batch_to_readable_spans(batch)))
+        if getattr(result, "name", "SUCCESS") != "SUCCESS":
+            raise RuntimeError(f"{type(self.exporter).__name__} returned {result.name}")
+
+    def close(self) -> None:
+        self.exporter.shutdown()
+
+
+def otlp_sink(config: Config) -> Any:
+    """The live OTLP sink for `init(otlp_endpoint=...)`.
+
+    Prefers chiptrace's columnar OTLP encoder; falls back to the SDK's OTLP/HTTP exporter.
+    Imported lazily so the core never imports the exporters package at import time.
+    """
+    try:
+        from chiptrace.exporters.otlp import OtlpSink  # type: ignore[import-not-found]
+
+        return OtlpSink(config.otlp_endpoint)
+    except ImportError:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        endpoint = config.otlp_endpoint.rstrip("/")
+        if not endpoint.endswith("/v1/traces"):
+            endpoint += "/v1/traces"
+        return ExporterSink(OTLPSpanExporter(endpoint=endpoint), config)

@@ -1,0 +1,1 @@
+"""Analysis: utilization, critical path and bottleneck rules over the span tables."""

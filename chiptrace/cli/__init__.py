@@ -1,0 +1,83 @@
+"""The `chiptrace` command. Each subcommand is one module in this package that defines
+NAME, HELP, ORDER, add_arguments(parser) and run(args) -> exit code; they are found by
+listing the package, so adding a command means adding one file. Heavy imports (DuckDB,
+Textual, the emulator) happen inside run(), so `chiptrace --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from chiptrace._version import __version__
+from chiptrace.errors import ChiptraceError
+
+
+def _commands() -> list[ModuleType]:
+    mods = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(mod, "NAME") and hasattr(mod, "run"):
+            mods.append(mod)
+    return sorted(mods, key=lambda m: (getattr(m, "ORDER", 50), m.NAME))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chiptrace",
+        description="Find what holds a multi-chip AI system back: chip-tagged "
+        "OpenTelemetry spans, Parquet trace dirs, SQL, bottleneck reports, a live view.",
+    )
+    parser.add_argument("--version", action="version", version=f"chiptrace {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in _commands():
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+class _OneLine(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage().splitlines()[0] if record.getMessage() else ""
+        if msg.startswith("chiptrace: "):
+            msg = msg[len("chiptrace: ") :]
+        return f"chiptrace: {record.levelname.lower()}: {msg}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse, run, and turn ChiptraceError into one line and an exit code."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    root = logging.getLogger("chiptrace")
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    root.propagate = False
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args._run(args) or 0)
+    except ChiptraceError as e:
+        print(f"chiptrace: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        sys.stderr.close()  # a closed pipe (| head) is not an error worth a traceback
+        return 0
+    finally:
+        root.removeHandler(handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

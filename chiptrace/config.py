@@ -1,0 +1,147 @@
+"""Settings: keyword arguments, then CHIPTRACE_* / OTEL_* variables, then defaults.
+
+Every setting name lives here, and every value is validated once, here, with a message
+that names the setting and the bad value.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chiptrace.errors import ConfigError
+
+ENV_ENABLED = "CHIPTRACE_ENABLED"
+ENV_DIR = "CHIPTRACE_DIR"
+ENV_SERVICE = "CHIPTRACE_SERVICE"
+ENV_RUN_ID = "CHIPTRACE_RUN_ID"
+ENV_FLUSH_INTERVAL = "CHIPTRACE_FLUSH_INTERVAL"
+ENV_FLUSH_SPANS = "CHIPTRACE_FLUSH_SPANS"
+ENV_MAX_BUFFERED = "CHIPTRACE_MAX_BUFFERED"
+ENV_OTEL_SERVICE = "OTEL_SERVICE_NAME"
+ENV_OTEL_RESOURCE = "OTEL_RESOURCE_ATTRIBUTES"
+ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+
+DEFAULT_ROOT = "chiptrace-traces"
+DEFAULT_FLUSH_INTERVAL_S = 2.0
+DEFAULT_FLUSH_SPANS = 200_000
+DEFAULT_MAX_BUFFERED = 1_000_000
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def new_run_id() -> str:
+    """A sortable run id: UTC time, then the pid to keep two runs in one second apart."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
+
+
+def _default_service() -> str:
+    argv0 = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else ""
+    return argv0 if argv0 and argv0 not in ("-c", "-m") else "chiptrace"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The resolved settings of one process's recorder."""
+
+    enabled: bool = True
+    dir: Path = Path(DEFAULT_ROOT)
+    run_id: str = ""
+    service: str = "chiptrace"
+    resource: Mapping[str, Any] = field(default_factory=dict)
+    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S
+    flush_spans: int = DEFAULT_FLUSH_SPANS
+    max_buffered: int = DEFAULT_MAX_BUFFERED
+    otlp_endpoint: str | None = None
+    host: str = field(default_factory=socket.gethostname)
+
+
+def parse_bool(name: str, raw: str | bool) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _parse_number(name: str, raw: Any, kind: type, minimum: float) -> Any:
+    try:
+        value = kind(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={raw!r}: expected a {kind.__name__}") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r}: expected a value >= {minimum}")
+    return value
+
+
+def parse_resource_attributes(raw: str) -> dict[str, str]:
+    """OTEL_RESOURCE_ATTRIBUTES: `key=value,key2=value2`, per the OTel specification."""
+    attrs: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{ENV_OTEL_RESOURCE}: {item!r} is not key=value")
+        attrs[key.strip()] = value.strip()
+    return attrs
+
+
+def resolve(env: Mapping[str, str] | None = None, **kwargs: Any) -> Config:
+    """Resolve settings from keyword arguments (None means unset), the environment, defaults.
+
+    Raises:
+        ConfigError: a setting has a value of the wrong kind or range.
+    """
+    env = os.environ if env is None else env
+
+    def pick(key: str, var: str | None, default: Any) -> tuple[str, Any]:
+        if kwargs.get(key) is not None:
+            return key, kwargs[key]
+        if var and env.get(var, "") != "":
+            return var, env[var]
+        return key, default
+
+    unknown = set(kwargs) - set(Config.__dataclass_fields__) - {"dir"}
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+
+    name, raw = pick("enabled", ENV_ENABLED, True)
+    enabled = parse_bool(name, raw)
+    resource = parse_resource_attributes(env.get(ENV_OTEL_RESOURCE, ""))
+    resource.update(kwargs.get("resource") or {})
+    _, service = pick("service", ENV_SERVICE, None)
+    service = service or env.get(ENV_OTEL_SERVICE) or resource.get("service.name") or _default_service()
+    _, run_id = pick("run_id", ENV_RUN_ID, "")
+    run_id = run_id or new_run_id()
+    name, raw_dir = pick("dir", ENV_DIR, None)
+    trace_dir = Path(raw_dir) if raw_dir else Path(DEFAULT_ROOT) / run_id
+    name, raw = pick("flush_interval_s", ENV_FLUSH_INTERVAL, DEFAULT_FLUSH_INTERVAL_S)
+    interval = _parse_number(name, raw, float, 0.01)
+    name, raw = pick("flush_spans", ENV_FLUSH_SPANS, DEFAULT_FLUSH_SPANS)
+    flush_spans = _parse_number(name, raw, int, 1)
+    name, raw = pick("max_buffered", ENV_MAX_BUFFERED, DEFAULT_MAX_BUFFERED)
+    max_buffered = _parse_number(name, raw, int, 1)
+    _, otlp = pick("otlp_endpoint", ENV_OTLP_TRACES_ENDPOINT, None)
+    otlp = otlp or (env.get(ENV_OTLP_ENDPOINT) or None if kwargs.get("otlp_endpoint") is None else None)
+    return Config(
+        enabled=enabled,
+        dir=trace_dir,
+        run_id=run_id,
+        service=str(service),
+        resource=resource,
+        flush_interval_s=interval,
+        flush_spans=flush_spans,
+        max_buffered=max_buffered,
+        otlp_endpoint=otlp,
+        host=kwargs.get("host") or socket.gethostname(),
+    )

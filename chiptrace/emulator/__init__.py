@@ -1,0 +1,1 @@
+"""The emulated rack: a discrete-event model of six chip types and their links."""

@@ -1,0 +1,146 @@
+"""SQL over trace directories: DuckDB views on the Parquet parts and the manifests.
+
+`connect(DIR)` gives a DuckDB connection with these views (docs/sql.md has a cookbook):
+
+- `spans`: one row per span; ids as lowercase hex text, times in ns, chip/link columns,
+  attributes/events/links as JSON text. `spans_raw` keeps ids as BLOBs (faster joins).
+- `chips`: one row per chip seen, with span counts and summed span time.
+- `links`: one row per link seen, with transfers and bytes moved.
+- `runs`: one row per writer (process) from the manifests: run id, service, host,
+  pid, spans written and dropped, and the full manifest as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from chiptrace.errors import QueryError, StoreError
+from chiptrace.schema import COLUMNS, SPAN_SCHEMA
+from chiptrace.store import expand_dirs, good_parts, read_manifests
+
+log = logging.getLogger("chiptrace")
+
+_HEX_IDS = ("trace_id", "span_id", "parent_span_id")
+
+SPANS_VIEW = """
+CREATE OR REPLACE VIEW spans AS
+SELECT lower(hex(trace_id)) AS trace_id,
+       lower(hex(span_id)) AS span_id,
+       lower(hex(parent_span_id)) AS parent_span_id,
+       {rest},
+       end_ns - start_ns AS duration_ns,
+       make_timestamp(start_ns // 1000) AS start_time
+FROM spans_raw
+"""
+
+CHIPS_VIEW = """
+CREATE OR REPLACE VIEW chips AS
+SELECT chip_id, any_value(chip_type) AS chip_type, any_value(host) AS host,
+       count(*) AS spans, sum(end_ns - start_ns) AS span_ns,
+       min(start_ns) AS first_ns, max(end_ns) AS last_ns
+FROM spans_raw WHERE chip_id IS NOT NULL GROUP BY chip_id
+"""
+
+LINKS_VIEW = """
+CREATE OR REPLACE VIEW links AS
+SELECT link_id, any_value(link_type) AS link_type, link_src, link_dst,
+       count(*) AS transfers, sum(op_bytes) AS bytes, sum(end_ns - start_ns) AS span_ns
+FROM spans_raw WHERE link_id IS NOT NULL GROUP BY link_id, link_src, link_dst
+"""
+
+_RUN_FIELDS = ("run_id", "service", "source", "host", "writer_id", "trace_dir")
+_RUN_INTS = ("pid", "started_unix_ns", "spans_written", "spans_dropped", "parts_written")
+
+
+def _runs_table(manifests: list[dict]) -> pa.Table:
+    cols: dict[str, list] = {f: [] for f in (*_RUN_FIELDS, *_RUN_INTS, "manifest")}
+    for m in manifests:
+        for f in _RUN_FIELDS:
+            cols[f].append(None if m.get(f) is None else str(m.get(f)))
+        for f in _RUN_INTS:
+            v = m.get(f)
+            cols[f].append(int(v) if isinstance(v, (int, float)) else None)
+        cols["manifest"].append(json.dumps(m, default=str))
+    types = {**{f: pa.string() for f in _RUN_FIELDS}, **{f: pa.int64() for f in _RUN_INTS}}
+    types["manifest"] = pa.string()
+    return pa.table({k: pa.array(v, types[k]) for k, v in cols.items()})
+
+
+def connect(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    *,
+    allow_empty: bool = False,
+    threads: int | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """Open DuckDB over one or more trace directories (globs allowed) as one dataset.
+
+    Corrupt or truncated parts are skipped with a warning naming the file; the rest stay
+    queryable.
+
+    Args:
+        paths: trace dir(s), glob(s) or part file(s).
+        allow_empty: give empty views instead of an error when there are no parts yet
+            (a live viewer waiting for the first flush).
+        threads: DuckDB worker threads (default: DuckDB's choice).
+
+    Raises:
+        StoreError: a missing dir, or no parts at all (unless allow_empty).
+        SchemaVersionError: a part from a newer chiptrace.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    dirs = expand_dirs(paths)
+    good, bad = good_parts(dirs)
+    for path, reason in bad:
+        log.warning("chiptrace: skipping unreadable part %s: %s", path, reason)
+    if not good and not allow_empty:
+        names = ", ".join(str(d) for d in dirs)
+        raise StoreError(f"no trace parts in {names} (expected spans/*.parquet)")
+    con = duckdb.connect(config={"threads": threads} if threads else {})
+    attach_views(con, good)
+    con.register("_runs_arrow", _runs_table(read_manifests(dirs)))
+    con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runs_arrow")
+    return con
+
+
+def attach_views(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> None:
+    """(Re)create the span views over `parts`; an empty list gives empty views."""
+    if parts:
+        files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in parts)
+        con.execute(
+            f"CREATE OR REPLACE VIEW spans_raw AS SELECT {', '.join(COLUMNS)} "
+            f"FROM read_parquet([{files}], union_by_name = true)"
+        )
+    else:
+        con.register("_empty_spans", SPAN_SCHEMA.empty_table())
+        con.execute("CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM _empty_spans")
+    rest = ", ".join(c for c in COLUMNS if c not in _HEX_IDS)
+    con.execute(SPANS_VIEW.format(rest=rest))
+    con.execute(CHIPS_VIEW)
+    con.execute(LINKS_VIEW)
+
+
+def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run SQL and return an Arrow table.
+
+    Raises:
+        QueryError: DuckDB rejected the SQL (the message is DuckDB's first line).
+    """
+    try:
+        rel = con.sql(sql)
+        if rel is None:
+            return pa.table({})
+        return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+    except duckdb.Error as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise QueryError(f"SQL error: {first}") from e
+
+
+__all__ = ["connect", "attach_views", "run_sql", "StoreError"]

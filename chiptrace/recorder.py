@@ -1,0 +1,259 @@
+"""The recorder: bounded in-memory span buffers, a writer thread, and the sinks it feeds.
+
+Two ways in: `record(row)` for one decorated call (a deque append, nothing else), and
+`write_batch(batch)` for whole columns (the emulator, the collector). A daemon thread
+flushes by size and by interval, and at exit, to every sink: the Parquet store, any
+OpenTelemetry SpanExporter, a live feed. The traced program never waits on a sink and
+never sees a sink's exception: a full buffer drops and counts, a failing sink is logged.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from chiptrace._rows import rows_to_batch
+from chiptrace.config import Config
+from chiptrace.errors import ChipError
+from chiptrace.schema import SPAN_SCHEMA, dumps
+from chiptrace.store import PartWriter
+
+log = logging.getLogger("chiptrace")
+
+_POLL_S = 0.05
+
+
+class SpanSink(Protocol):
+    """Anything that receives finished spans as Arrow batches, on the writer thread."""
+
+    def write(self, batch: pa.RecordBatch) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StoreSink:
+    """The Parquet store as a sink: one part per flush."""
+
+    def __init__(self, writer: PartWriter) -> None:
+        self.writer = writer
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.writer.write(batch)
+
+    def close(self) -> None:
+        pass
+
+
+class Recorder:
+    """Buffers spans and hands them to sinks from one writer thread.
+
+    Args:
+        config: resolved settings (flush interval and size, buffer bound, identity).
+        sinks: destinations; the store is usually the first.
+        writer: the PartWriter whose manifest records drop counts (optional).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        sinks: Iterable[SpanSink] = (),
+        writer: PartWriter | None = None,
+    ) -> None:
+        self.config = config
+        self.sinks: list[SpanSink] = list(sinks)
+        self.writer = writer
+        self.rows: collections.deque[tuple] = collections.deque()
+        self.max_buffered = config.max_buffered
+        self.dropped = 0
+        self.sink_errors = 0
+        self.spans_flushed = 0
+        self._batches: collections.deque[pa.RecordBatch] = collections.deque()
+        self._batch_rows = 0
+        self._drop_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._space = threading.Condition()
+        self._wake = threading.Event()
+        self._stop = False
+        self._last_flush = time.monotonic()
+        resource = {"service.name": config.service, **config.resource}
+        self.constants: dict[str, Any] = {
+            "service": config.service,
+            "host": config.host,
+            "pid": os.getpid(),
+            "scope": "chiptrace",
+            "resource": dumps(resource),
+        }
+        self._thread = threading.Thread(target=self._run, name="chiptrace-writer", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ ingest
+
+    def drop(self, n: int = 1) -> None:
+        """Count spans lost to a full buffer or a failed write."""
+        with self._drop_lock:
+            self.dropped += n
+
+    def record(self, row: tuple) -> None:
+        """Buffer one decorated-span row; drop and count when the buffer is full."""
+        if len(self.rows) < self.max_buffered:
+            self.rows.append(row)
+        else:
+            self.drop()
+
+    def write_batch(self, batch: pa.RecordBatch, block: bool = False) -> bool:
+        """Buffer whole columns. Returns False when the batch was dropped.
+
+        Args:
+            batch: a RecordBatch of the span schema (see `schema.batch_from_columns`).
+            block: wait for room instead of dropping (for producers that can be slowed,
+                like the emulator; a traced program must never block).
+        """
+        if not batch.schema.equals(SPAN_SCHEMA, check_metadata=False):
+            raise ChipError("write_batch expects the span schema; build it with batch_from_columns")
+        with self._space:
+            while self._batch_rows + batch.num_rows > self.max_buffered and self._batch_rows:
+                if not block or self._stop:
+                    self.drop(batch.num_rows)
+                    return False
+                self._wake.set()
+                self._space.wait(0.5)
+            self._batches.append(batch)
+            self._batch_rows += batch.num_rows
+        if self._batch_rows >= self.config.flush_spans:
+            self._wake.set()
+        return True
+
+    @property
+    def pending(self) -> int:
+        return len(self.rows) + self._batch_rows
+
+    # ------------------------------------------------------------ flush
+
+    def _take(self) -> list[pa.RecordBatch]:
+        n = len(self.rows)
+        out: list[pa.RecordBatch] = []
+        if n:
+            popleft = self.rows.popleft
+            out.append(rows_to_batch([popleft() for _ in range(n)], self.constants))
+        with self._space:
+            while self._batches:
+                out.append(self._batches.popleft())
+            self._batch_rows = 0
+            self._space.notify_all()
+        return out
+
+    def flush(self) -> int:
+        """Hand everything buffered to the sinks now; returns the spans flushed."""
+        with self._flush_lock:
+            self._last_flush = time.monotonic()
+            try:
+                batches = self._take()
+            except Exception:  # noqa: BLE001 - a bad row must not kill the writer thread
+                log.exception("chiptrace: could not convert buffered spans; dropped")
+                self.drop(len(self.rows))
+                self.rows.clear()
+                return 0
+            total = sum(b.num_rows for b in batches)
+            if total:
+                table = pa.Table.from_batches(batches, SPAN_SCHEMA).combine_chunks()
+                for batch in table.to_batches(max_chunksize=1 << 20):
+                    self._emit(batch)
+                self.spans_flushed += total
+            if self.writer is not None and (total or self.dropped):
+                self._update_manifest()
+            return total
+
+    def _emit(self, batch: pa.RecordBatch) -> None:
+        for i, sink in enumerate(self.sinks):
+            try:
+                sink.write(batch)
+            except Exception as e:  # noqa: BLE001 - sinks never raise into the traced program
+                self.sink_errors += 1
+                if i == 0:
+                    self.drop(batch.num_rows)
+                log.warning("chiptrace: sink %s failed: %s", type(sink).__name__, e)
+
+    def _update_manifest(self) -> None:
+        try:
+            self.writer.write_manifest(spans_dropped=self.dropped, sink_errors=self.sink_errors)
+        except OSError as e:
+            log.warning("chiptrace: could not update manifest: %s", e)
+
+    def _run(self) -> None:
+        interval = self.config.flush_interval_s
+        while not self._stop:
+            self._wake.wait(_POLL_S)
+            self._wake.clear()
+            due = time.monotonic() - self._last_flush >= interval
+            if self.pending >= self.config.flush_spans or (due and self.pending):
+                self.flush()
+
+    def shutdown(self) -> None:
+        """Flush what is buffered, stop the thread, close the sinks. Idempotent."""
+        if self._stop:
+            return
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+        self.flush()
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as e:  # noqa: BLE001
+                log.warning("chiptrace: closing %s failed: %s", type(sink).__name__, e)
+
+
+# ---------------------------------------------------------------- process exit
+
+_exit_hooks: list[Callable[[], None]] = []
+_installed = False
+
+
+def on_exit(hook: Callable[[], None]) -> None:
+    """Run `hook` at interpreter exit and on SIGTERM (when nobody else handles SIGTERM)."""
+    global _installed
+    _exit_hooks.append(hook)
+    if _installed:
+        return
+    _installed = True
+    atexit.register(_run_exit_hooks)
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):
+            pass
+
+
+def _run_exit_hooks() -> None:
+    while _exit_hooks:
+        hook = _exit_hooks.pop()
+        try:
+            hook()
+        except Exception:  # noqa: BLE001
+            log.exception("chiptrace: exit hook failed")
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _run_exit_hooks()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def describe(recorder: Recorder) -> Mapping[str, Any]:
+    """Counters for a summary line or a test."""
+    return {
+        "flushed": recorder.spans_flushed,
+        "pending": recorder.pending,
+        "dropped": recorder.dropped,
+        "sink_errors": recorder.sink_errors,
+    }

@@ -1,0 +1,301 @@
+"""The span schema: the one table every stage reads and writes (see docs/schema.md).
+
+A chiptrace span is an OpenTelemetry span plus typed columns for the chip or link it ran
+on. This module owns the vocabularies (chip types, link types, op kinds, precisions), the
+Arrow schema of a Parquet part, and the conversions into it; nothing else defines columns.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from chiptrace.errors import ChipError
+
+SCHEMA_VERSION = 1
+SCHEMA_VERSION_KEY = b"chiptrace.schema_version"
+
+CHIP_TYPES = ("gpu", "cpu", "dpu", "npu", "nic", "switch")
+LINK_TYPES = ("nvlink6", "nvlink5", "pcie5", "pcie4", "c2c", "ethernet", "infiniband")
+OP_KINDS = ("compute", "comm", "memcpy", "io", "idle", "host")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "nvfp4", "int8")
+
+# OTLP numbering, so exporters and the collector pass these through untouched.
+SPAN_KIND_UNSPECIFIED, SPAN_KIND_INTERNAL, SPAN_KIND_SERVER = 0, 1, 2
+SPAN_KIND_CLIENT, SPAN_KIND_PRODUCER, SPAN_KIND_CONSUMER = 3, 4, 5
+STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
+
+# OpenTelemetry attribute name -> column. Attributes outside this map stay in `attributes`.
+ATTRIBUTE_COLUMNS = {
+    "chip.id": "chip_id",
+    "chip.type": "chip_type",
+    "link.id": "link_id",
+    "link.type": "link_type",
+    "link.src": "link_src",
+    "link.dst": "link_dst",
+    "op.kind": "op_kind",
+    "op.bytes": "op_bytes",
+    "op.flops": "op_flops",
+    "op.precision": "op_precision",
+}
+COLUMN_ATTRIBUTES = {v: k for k, v in ATTRIBUTE_COLUMNS.items()}
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+SPAN_SCHEMA = pa.schema(
+    [
+        pa.field("trace_id", pa.binary(16), nullable=False),
+        pa.field("span_id", pa.binary(8), nullable=False),
+        pa.field("parent_span_id", pa.binary(8)),
+        pa.field("name", _DICT, nullable=False),
+        pa.field("kind", pa.int8(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("status_code", pa.int8(), nullable=False),
+        pa.field("status_message", pa.string()),
+        pa.field("chip_id", _DICT),
+        pa.field("chip_type", _DICT),
+        pa.field("link_id", _DICT),
+        pa.field("link_type", _DICT),
+        pa.field("link_src", _DICT),
+        pa.field("link_dst", _DICT),
+        pa.field("op_kind", _DICT),
+        pa.field("op_bytes", pa.int64()),
+        pa.field("op_flops", pa.int64()),
+        pa.field("op_precision", _DICT),
+        pa.field("service", _DICT),
+        pa.field("host", _DICT),
+        pa.field("pid", pa.int32()),
+        pa.field("scope", _DICT),
+        pa.field("resource", _DICT),
+        pa.field("attributes", pa.string()),
+        pa.field("events", pa.string()),
+        pa.field("links", pa.string()),
+    ],
+    metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
+)
+COLUMNS = tuple(SPAN_SCHEMA.names)
+DICT_COLUMNS = tuple(f.name for f in SPAN_SCHEMA if pa.types.is_dictionary(f.type))
+
+
+@dataclass(frozen=True, slots=True)
+class Chip:
+    """A parsed chip id: `gpu:3`, or `node1/gpu:3` when several hosts share a trace."""
+
+    id: str
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A parsed link: `nvlink6:gpu:0-gpu:1` is an NVLink 6 transfer from gpu:0 to gpu:1."""
+
+    id: str
+    type: str
+    src: str | None = None
+    dst: str | None = None
+
+
+def parse_chip(chip_id: str) -> Chip:
+    """Parse a chip id and check its type is one of the six.
+
+    Raises:
+        ChipError: the id is malformed or names an unknown chip type.
+    """
+    if not isinstance(chip_id, str) or not chip_id:
+        raise ChipError(f"chip={chip_id!r}: expected a chip id like 'gpu:0'")
+    local = chip_id.rsplit("/", 1)[-1]
+    chip_type, sep, index = local.partition(":")
+    if chip_type not in CHIP_TYPES:
+        raise ChipError(
+            f"unknown chip type {chip_type!r} in chip={chip_id!r}; "
+            f"expected one of {', '.join(CHIP_TYPES)}"
+        )
+    if not sep or not index:
+        raise ChipError(f"chip={chip_id!r}: expected TYPE:INDEX, for example '{chip_type}:0'")
+    return Chip(chip_id, chip_type)
+
+
+def parse_link(link: str) -> Link:
+    """Parse `TYPE`, or `TYPE:SRC-DST` / `TYPE:SRC->DST` with SRC and DST chip ids.
+
+    Raises:
+        ChipError: unknown link type, or endpoints that are not chip ids.
+    """
+    if not isinstance(link, str) or not link:
+        raise ChipError(f"link={link!r}: expected a link like 'nvlink6:gpu:0-gpu:1'")
+    link_type, _, route = link.partition(":")
+    if link_type not in LINK_TYPES:
+        raise ChipError(
+            f"unknown link type {link_type!r} in link={link!r}; "
+            f"expected one of {', '.join(LINK_TYPES)}"
+        )
+    if not route:
+        return Link(link, link_type)
+    src, sep, dst = route.partition("->")
+    if not sep:
+        src, sep, dst = route.partition("-")
+    if not sep:
+        raise ChipError(f"link={link!r}: expected TYPE:SRC-DST, for example 'pcie5:cpu:0-gpu:0'")
+    return Link(link, link_type, parse_chip(src).id, parse_chip(dst).id)
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    """Return `value` if it is one of `choices`, else raise a ChipError naming the setting."""
+    if value not in choices:
+        raise ChipError(f"unknown {name} {value!r}; expected one of {', '.join(choices)}")
+    return value
+
+
+def dumps(value: Any) -> str:
+    """JSON for attribute maps, events and links: compact, and never fails on odd values."""
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def ids_to_binary(ids: Any, zero_is_null: bool = False) -> pa.FixedSizeBinaryArray:
+    """8-byte big-endian ids (the OTLP byte order) from unsigned 64-bit integers.
+
+    Args:
+        ids: a sequence or NumPy array of unsigned integers.
+        zero_is_null: an id of 0 means "none" (a root span's parent) and becomes null.
+    """
+    arr = np.asarray(ids, dtype=np.uint64)
+    buf = pa.py_buffer(arr.astype(">u8").tobytes())
+    validity = None
+    if zero_is_null:
+        valid = arr != 0
+        if not valid.all():
+            validity = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), len(arr), [validity, buf])
+
+
+def trace_ids_to_binary(ids: Any) -> pa.FixedSizeBinaryArray:
+    """16-byte trace ids from a sequence of 16-byte `bytes` values."""
+    ids = list(ids)
+    buf = pa.py_buffer(b"".join(ids))
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(ids), [None, buf])
+
+
+@dataclass(frozen=True, slots=True)
+class Tags:
+    """The static chip, link and op columns of a decorated function: parsed once, shared."""
+
+    chip_id: str | None = None
+    chip_type: str | None = None
+    link_id: str | None = None
+    link_type: str | None = None
+    link_src: str | None = None
+    link_dst: str | None = None
+    op_kind: str | None = None
+    op_precision: str | None = None
+    attributes: Mapping[str, Any] | None = None
+
+    @classmethod
+    def build(
+        cls,
+        chip: str | None = None,
+        link: str | None = None,
+        op: str | None = None,
+        precision: str | None = None,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> Tags:
+        """Validate the tags of a decorator or span() call: errors surface at decoration."""
+        c = parse_chip(chip) if chip is not None else None
+        lk = parse_link(link) if link is not None else None
+        if op is not None:
+            check_choice("op kind", op, OP_KINDS)
+        elif lk is not None:
+            op = "comm"
+        elif c is not None:
+            op = "compute"
+        if precision is not None:
+            check_choice("precision", precision, PRECISIONS)
+        return cls(
+            chip_id=c.id if c else None,
+            chip_type=c.type if c else None,
+            link_id=lk.id if lk else None,
+            link_type=lk.type if lk else None,
+            link_src=lk.src if lk else None,
+            link_dst=lk.dst if lk else None,
+            op_kind=op,
+            op_precision=precision,
+            attributes=dict(attributes) if attributes else None,
+        )
+
+
+NO_TAGS = Tags()
+TAG_COLUMNS = ("chip_id", "chip_type", "link_id", "link_type", "link_src", "link_dst", "op_kind", "op_precision")
+
+
+def constant_dict(value: str | None, n: int) -> pa.DictionaryArray:
+    """A dictionary column holding one value n times: costs n int32s, not n strings."""
+    if value is None:
+        return pa.nulls(n, _DICT)
+    return pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(n, dtype=np.int32)), pa.array([value], pa.string())
+    )
+
+
+def _as_column(name: str, values: Any, n: int) -> pa.Array:
+    field = SPAN_SCHEMA.field(name)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        if values.type == field.type:
+            return values
+        if pa.types.is_dictionary(field.type):
+            if pa.types.is_dictionary(values.type):
+                return values.cast(field.type)
+            return values.cast(pa.string()).dictionary_encode().cast(field.type)
+        return values.cast(field.type)
+    if isinstance(values, (str, int)) or values is None:
+        if pa.types.is_dictionary(field.type):
+            return constant_dict(values, n)
+        return pa.array(np.full(n, values) if values is not None else [None] * n, field.type)
+    if pa.types.is_dictionary(field.type):
+        return pa.array(values, pa.string()).dictionary_encode().cast(field.type)
+    return pa.array(values, field.type)
+
+
+def batch_from_columns(columns: Mapping[str, Any], n: int | None = None) -> pa.RecordBatch:
+    """Build a span RecordBatch from whole columns: the bulk path the emulator uses.
+
+    Args:
+        columns: column name -> Arrow array, NumPy array, list, or one scalar for the
+            whole column. Missing nullable columns become nulls.
+        n: number of rows; inferred from the first non-scalar column when omitted.
+
+    Raises:
+        ChipError: an unknown column, a missing required column, or ragged lengths.
+    """
+    unknown = set(columns) - set(COLUMNS)
+    if unknown:
+        raise ChipError(f"unknown span column(s) {sorted(unknown)}; expected {', '.join(COLUMNS)}")
+    if n is None:
+        n = next((len(v) for v in columns.values() if not isinstance(v, (str, int, type(None)))), 0)
+    arrays = []
+    for field in SPAN_SCHEMA:
+        if field.name in columns:
+            arr = _as_column(field.name, columns[field.name], n)
+        elif field.name in ("kind",):
+            arr = pa.array(np.full(n, SPAN_KIND_INTERNAL, dtype=np.int8))
+        elif field.name == "status_code":
+            arr = pa.array(np.zeros(n, dtype=np.int8))
+        elif not field.nullable:
+            raise ChipError(f"span column {field.name!r} is required")
+        else:
+            arr = pa.nulls(n, field.type)
+        if len(arr) != n:
+            raise ChipError(f"span column {field.name!r} has {len(arr)} rows, expected {n}")
+        arrays.append(arr)
+    return pa.RecordBatch.from_arrays(arrays, schema=SPAN_SCHEMA)
+
+
+def empty_batch() -> pa.RecordBatch:
+    """A span batch with no rows, for readers that must return the schema anyway."""
+    return pa.RecordBatch.from_pylist([], schema=SPAN_SCHEMA)

@@ -1,0 +1,1 @@
+"""The Textual viewer (installed as chiptrace.viewer)."""

@@ -1,0 +1,1 @@
+"""Viewer widgets: one per module."""
