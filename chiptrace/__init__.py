@@ -8,7 +8,17 @@ OpenTelemetry and pyarrow, never the viewer (Textual) or the exporters.
 from __future__ import annotations
 
 from chiptrace._version import __version__
-from chiptrace.api import Span, carry, current_span, flush, get_recorder, init, shutdown, span, trace
+from chiptrace.api import (
+    Span,
+    carry,
+    current_span,
+    flush,
+    get_recorder,
+    init,
+    shutdown,
+    span,
+    trace,
+)
 from chiptrace.errors import (
     ChipError,
     ChiptraceError,

@@ -1,15 +1,17 @@
-"""Row tuples of decorated spans -> Arrow batches, off the traced program's hot path.
+"""Finished span objects -> Arrow batches, off the traced program's hot path.
 
-The decorator appends one plain tuple per call (the cheapest thing Python can do); the
-writer thread turns a whole buffer of them into columns at once. The tuple layout:
+A traced call appends its finished span object to the recorder's deque (the cheapest
+thing Python can do); the writer thread turns a whole buffer of them into columns at
+once. A row is any object with these fields (chiptrace.api.Span has them):
 
-    (trace_id: bytes16, span_id: int, parent_id: int (0 = root), name, kind,
-     start_ns, end_ns, status_code, status_message, tags: Tags,
-     attributes: dict | None, events: list | None, links: list | None)
+    trace_id: bytes16, span_id: int, parent_id: int (0 = root), name, kind,
+    start_ns, end_ns, status_code, status_message, tags: Tags,
+    attributes: dict | None, events: list | None, links: list | None
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +29,10 @@ from chiptrace.schema import (
 )
 
 _INT_COLUMNS = ("op_bytes", "op_flops")
+_FIELDS = operator.attrgetter(
+    "trace_id", "span_id", "parent_id", "name", "kind", "start_ns", "end_ns", "status_code",
+    "status_message", "tags", "attributes", "events", "links",
+)  # fmt: skip
 
 
 def _split_attributes(
@@ -47,18 +53,18 @@ def _json_links(links: Sequence[Any]) -> str:
     )
 
 
-def rows_to_batch(rows: Sequence[tuple], constants: Mapping[str, Any]) -> pa.RecordBatch:
+def rows_to_batch(rows: Sequence[Any], constants: Mapping[str, Any]) -> pa.RecordBatch:
     """Convert decorated-span row tuples to one RecordBatch of the span schema.
 
     Args:
-        rows: tuples in the layout of this module's docstring.
+        rows: span objects with the fields in this module's docstring.
         constants: per-process columns (service, host, pid, scope, resource).
     """
     n = len(rows)
     if n == 0:
         return empty_batch()
     (trace_ids, span_ids, parents, names, kinds, starts, ends, codes, messages,
-     tags, attrs, events, links) = zip(*rows)  # fmt: skip
+     tags, attrs, events, links) = zip(*map(_FIELDS, rows), strict=False)  # fmt: skip
     tag_cols: dict[str, list[Any]] = {c: [getattr(t, c) for t in tags] for c in TAG_COLUMNS}
     int_cols: dict[str, list[Any]] = {c: [None] * n for c in _INT_COLUMNS}
     attr_json: list[str | None] = [None] * n

@@ -97,10 +97,16 @@ class Span(otel_trace.Span):
     Set attributes, add events and links while it is open, as on any OTel span.
     """
 
-    __slots__ = (
-        "trace_id", "span_id", "parent_id", "name", "kind", "tags", "start_ns", "end_ns",
-        "attributes", "events", "links", "status_code", "status_message",
-    )  # fmt: skip
+    # Only what every span needs is set per call; the rest reads the class defaults
+    # below until first written (each assignment saved is ~0.02 us on the hot path).
+    __slots__ = ("trace_id", "span_id", "parent_id", "name", "kind", "tags", "start_ns")
+
+    end_ns = 0
+    attributes: dict[str, Any] | None = None
+    events: list[tuple[str, int, Any]] | None = None
+    links: list[tuple[bytes, int, Any]] | None = None
+    status_code = STATUS_UNSET
+    status_message: str | None = None
 
     def __init__(
         self, trace_id: bytes, span_id: int, parent_id: int, name: str, kind: int, tags: Tags
@@ -111,13 +117,6 @@ class Span(otel_trace.Span):
         self.name = name
         self.kind = kind
         self.tags = tags
-        self.start_ns = 0
-        self.end_ns = 0
-        self.attributes: dict[str, Any] | None = None
-        self.events: list[tuple[str, int, Any]] | None = None
-        self.links: list[tuple[bytes, int, Any]] | None = None
-        self.status_code = STATUS_UNSET
-        self.status_message: str | None = None
 
     # OpenTelemetry Span interface -------------------------------------------------
     def get_span_context(self) -> SpanContext:
@@ -220,17 +219,14 @@ def _open(name: str, tags: Tags, kind: int) -> tuple[Span, Any]:
 def _finish(span: Span, end_ns: int | None = None) -> None:
     if span.end_ns:
         return
-    span.end_ns = end = end_ns or _time_ns()
+    span.end_ns = end_ns or _time_ns()
     rec = _STATE.recorder or _auto_init()
     if rec is None:
         return
+    # The span object itself is the buffered row: the writer thread reads its fields.
     rows = rec.rows
     if len(rows) < rec.max_buffered:
-        rows.append((
-            span.trace_id, span.span_id, span.parent_id, span.name, span.kind, span.start_ns,
-            end, span.status_code, span.status_message, span.tags, span.attributes,
-            span.events, span.links,
-        ))  # fmt: skip
+        rows.append(span)
     else:
         rec.drop()
 

@@ -71,7 +71,7 @@ class Recorder:
         self.config = config
         self.sinks: list[SpanSink] = list(sinks)
         self.writer = writer
-        self.rows: collections.deque[tuple] = collections.deque()
+        self.rows: collections.deque[Any] = collections.deque()
         self.max_buffered = config.max_buffered
         self.dropped = 0
         self.sink_errors = 0
@@ -102,7 +102,7 @@ class Recorder:
         with self._drop_lock:
             self.dropped += n
 
-    def record(self, row: tuple) -> None:
+    def record(self, row: Any) -> None:
         """Buffer one decorated-span row; drop and count when the buffer is full."""
         if len(self.rows) < self.max_buffered:
             self.rows.append(row)

@@ -49,7 +49,7 @@ def format_table(table: Any, max_rows: int = 100) -> str:
 
     def line(cells: list[str]) -> str:
         out = []
-        for c, w, num in zip(cells, widths, numeric):
+        for c, w, num in zip(cells, widths, numeric, strict=False):
             c = c if len(c) <= w else c[: w - 1] + "…"
             out.append(c.rjust(w) if num else c.ljust(w))
         return "  ".join(out).rstrip()
