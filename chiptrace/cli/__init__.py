@@ -54,17 +54,18 @@ class _OneLine(logging.Formatter):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, run, and turn ChiptraceError into one line and an exit code."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_OneLine())
-    root = logging.getLogger("chiptrace")
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    root.propagate = False
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    root = logging.getLogger("chiptrace")
+    saved = root.level, root.propagate
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    root.propagate = False
     try:
         return int(args._run(args) or 0)
     except ChiptraceError as e:
@@ -77,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         root.removeHandler(handler)
+        root.setLevel(saved[0])
+        root.propagate = saved[1]
 
 
 if __name__ == "__main__":
