@@ -27,6 +27,7 @@ from chiptrace.errors import (
     SchemaVersionError,
     StoreError,
 )
+from chiptrace.propagation import extract, in_context, inject, subprocess_env
 from chiptrace.schema import CHIP_TYPES, LINK_TYPES, OP_KINDS, PRECISIONS
 
 
@@ -49,6 +50,10 @@ __all__ = [
     "current_span",
     "get_recorder",
     "connect",
+    "inject",
+    "extract",
+    "in_context",
+    "subprocess_env",
     "ChiptraceError",
     "ChipError",
     "ConfigError",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import multiprocessing.util
 import os
 import random
 import threading
@@ -29,6 +30,7 @@ from opentelemetry.trace.propagation import _SPAN_KEY
 
 from chiptrace import config as _config
 from chiptrace.errors import ConfigError
+from chiptrace.propagation import remote_parent_from_env
 from chiptrace.recorder import Recorder, SpanSink, StoreSink, on_exit
 from chiptrace.schema import (
     NO_TAGS,
@@ -79,7 +81,12 @@ class _State:
 
     enabled: bool = True
     recorder: Recorder | None = None
+    sampler: Any = None  # chiptrace.host.HostSampler when init(sample_host=True)
     lock = threading.Lock()
+    # (trace id, span id) from TRACEPARENT: the parent of this process's root spans.
+    remote_root: tuple[bytes, int] | None = None
+    # The recorder config a forked child inherits (it writes its own parts, same dir).
+    fork_config: _config.Config | None = None
 
 
 _STATE = _State()
@@ -89,6 +96,7 @@ try:
     )
 except ConfigError:
     _STATE.enabled = True  # resolve() reports the bad value when init() runs
+_STATE.remote_root = remote_parent_from_env()
 
 
 class Span(otel_trace.Span):
@@ -203,7 +211,8 @@ def _open(name: str, tags: Tags, kind: int) -> tuple[Span, Any]:
     if parent.__class__ is Span:
         trace_id, parent_id = parent.trace_id, parent.span_id
     elif parent is None:
-        trace_id, parent_id = _randbits(128).to_bytes(16, "big"), 0
+        # A root here may still be a child: of the span that launched this process.
+        trace_id, parent_id = _STATE.remote_root or (_randbits(128).to_bytes(16, "big"), 0)
     else:  # a span from the OpenTelemetry SDK or another instrumentation
         sc = parent.get_span_context()
         if sc.is_valid:
@@ -526,6 +535,8 @@ def init(
     max_buffered: int | None = None,
     otlp_endpoint: str | None = None,
     run_id: str | None = None,
+    sample_host: bool | None = None,
+    sample_interval: float | None = None,
 ) -> Recorder | None:
     """Configure tracing for this process; replaces (and flushes) any earlier recorder.
 
@@ -544,6 +555,9 @@ def init(
         flush_interval_s, flush_spans, max_buffered: buffer policy.
         otlp_endpoint: stream spans to this OTLP endpoint too (see chiptrace.exporters).
         run_id: names the default directory.
+        sample_host: also sample the real host (CPUs, memory, NICs, disks, NVIDIA GPUs)
+            on a daemon thread into the same dir's `metrics` table (chiptrace.host).
+        sample_interval: seconds between host samples (default 0.1).
 
     Returns:
         The recorder, or None when tracing is disabled.
@@ -551,6 +565,7 @@ def init(
     Raises:
         ConfigError: a bad setting; StoreError: the directory cannot be created.
     """
+    sample_on, interval = _config.resolve_sampling(sample_host, sample_interval)
     cfg = _config.resolve(
         dir=dir,
         service=service,
@@ -566,10 +581,13 @@ def init(
         old, _STATE.recorder = _STATE.recorder, None
         if old is not None:
             old.shutdown()
+        _stop_sampler()
         _STATE.enabled = cfg.enabled
         if not cfg.enabled:
             return None
         _STATE.recorder = _build_recorder(cfg, exporters, sinks, manifest)
+        if sample_on:
+            _STATE.sampler = _start_sampler(cfg, interval)
         return _STATE.recorder
 
 
@@ -591,10 +609,27 @@ def _build_recorder(
         all_sinks.append(otlp_sink(cfg))
     rec = Recorder(cfg, all_sinks, writer)
     on_exit(rec.shutdown)
+    # multiprocessing children leave through os._exit, skipping atexit; its finalizers run.
+    multiprocessing.util.Finalize(rec, rec.shutdown, exitpriority=100)
     return rec
 
 
 _auto_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child must not flush its parent's buffer nor reuse its part names: drop
+    the inherited recorder; the child's first span starts its own, same dir and run."""
+    global _auto_lock
+    _auto_lock = threading.Lock()
+    _STATE.lock = threading.Lock()
+    rec, _STATE.recorder = _STATE.recorder, None
+    if rec is not None:
+        rec.abandon()
+        _STATE.fork_config = rec.config
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _auto_init() -> Recorder | None:
@@ -605,11 +640,41 @@ def _auto_init() -> Recorder | None:
         if _STATE.recorder is not None:
             return _STATE.recorder
         try:
+            cfg = _STATE.fork_config
+            if cfg is not None:
+                return init(
+                    cfg.dir,
+                    service=cfg.service,
+                    run_id=cfg.run_id,
+                    resource=cfg.resource,
+                    flush_interval_s=cfg.flush_interval_s,
+                    flush_spans=cfg.flush_spans,
+                    max_buffered=cfg.max_buffered,
+                )
             return init()
         except Exception as e:  # noqa: BLE001 - tracing must not crash the traced program
             logging.getLogger("chiptrace").warning("chiptrace: tracing disabled: %s", e)
             _STATE.enabled = False
             return None
+
+
+def _start_sampler(cfg: _config.Config, interval: float) -> Any:
+    """The host sampler beside the recorder: same dir, run and host."""
+    from chiptrace.host.sampler import HostSampler  # psutil and NVML load only when asked for
+
+    sampler = HostSampler(
+        cfg.dir, interval=interval, run_id=cfg.run_id, service=cfg.service, host=cfg.host
+    ).start()
+    on_exit(sampler.stop)
+    # Child processes inherit the environment; one sampler per host is enough.
+    os.environ[_config.ENV_SAMPLE_HOST] = "0"
+    return sampler
+
+
+def _stop_sampler() -> None:
+    sampler, _STATE.sampler = _STATE.sampler, None
+    if sampler is not None:
+        sampler.stop()
 
 
 def get_recorder() -> Recorder | None:
@@ -629,3 +694,4 @@ def shutdown() -> None:
         rec, _STATE.recorder = _STATE.recorder, None
     if rec is not None:
         rec.shutdown()
+    _stop_sampler()

@@ -197,6 +197,15 @@ class Recorder:
             if self.pending >= self.config.flush_spans or (due and self.pending):
                 self.flush()
 
+    def abandon(self) -> None:
+        """Forget buffered spans and sinks without writing (a forked child's inherited copy)."""
+        self._stop = True
+        self.rows = collections.deque()
+        self._batches.clear()
+        self._batch_rows = 0
+        self.sinks = []
+        self.writer = None
+
     def shutdown(self) -> None:
         """Flush what is buffered, stop the thread, close the sinks. Idempotent."""
         if self._stop:
