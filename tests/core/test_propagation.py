@@ -85,10 +85,12 @@ def test_http_inject_and_extract(tmp_path):
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.handle_request, daemon=True).start()
+    serving = threading.Thread(target=server.handle_request, daemon=True)
+    serving.start()
     with chiptrace.span("client"):
         req = urllib.request.Request(f"http://127.0.0.1:{server.server_port}/", headers=chiptrace.inject())
         assert urllib.request.urlopen(req, timeout=10).status == 200
+    serving.join(10)  # the server span ends after the response is sent
     server.server_close()
     chiptrace.shutdown()
     _check_one_trace(out, 2)
