@@ -28,11 +28,15 @@ ENV_OTEL_SERVICE = "OTEL_SERVICE_NAME"
 ENV_OTEL_RESOURCE = "OTEL_RESOURCE_ATTRIBUTES"
 ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENV_SAMPLE_HOST = "CHIPTRACE_SAMPLE_HOST"
+ENV_SAMPLE_INTERVAL = "CHIPTRACE_SAMPLE_INTERVAL"
 
 DEFAULT_ROOT = "chiptrace-traces"
 DEFAULT_FLUSH_INTERVAL_S = 2.0
 DEFAULT_FLUSH_SPANS = 200_000
 DEFAULT_MAX_BUFFERED = 1_000_000
+DEFAULT_SAMPLE_INTERVAL_S = 0.1  # host sampler: 10 Hz
+MIN_SAMPLE_INTERVAL_S = 0.01
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -145,3 +149,29 @@ def resolve(env: Mapping[str, str] | None = None, **kwargs: Any) -> Config:
         otlp_endpoint=otlp,
         host=kwargs.get("host") or socket.gethostname(),
     )
+
+
+def resolve_sampling(
+    sample_host: bool | None = None,
+    sample_interval: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[bool, float]:
+    """Host sampling settings: keyword arguments, then CHIPTRACE_SAMPLE_HOST /
+    CHIPTRACE_SAMPLE_INTERVAL, then off and 0.1 s.
+
+    Raises:
+        ConfigError: a bad boolean, or an interval that is not a number >= 0.01 s.
+    """
+    env = os.environ if env is None else env
+    if sample_host is not None:
+        on = parse_bool("sample_host", sample_host)
+    else:
+        on = parse_bool(ENV_SAMPLE_HOST, env.get(ENV_SAMPLE_HOST, "") or "0")
+    if sample_interval is not None:
+        interval = _parse_number("sample_interval", sample_interval, float, MIN_SAMPLE_INTERVAL_S)
+    elif env.get(ENV_SAMPLE_INTERVAL, "") != "":
+        raw = env[ENV_SAMPLE_INTERVAL]
+        interval = _parse_number(ENV_SAMPLE_INTERVAL, raw, float, MIN_SAMPLE_INTERVAL_S)
+    else:
+        interval = DEFAULT_SAMPLE_INTERVAL_S
+    return on, interval

@@ -8,6 +8,8 @@
 - `links`: one row per link seen, with transfers and bytes moved.
 - `runs`: one row per writer (process) from the manifests: run id, service, host,
   pid, spans written and dropped, and the full manifest as JSON.
+- `metrics`: host samples (chiptrace.host) in long format: ts_ns, host, chip_id,
+  chip_type, device, metric, value, unit, source ('real'), run_id, pid, sample_time.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pyarrow as pa
 
 from chiptrace.errors import QueryError, StoreError
 from chiptrace.schema import COLUMNS, SPAN_SCHEMA
-from chiptrace.store import expand_dirs, good_parts, read_manifests
+from chiptrace.store import expand_dirs, good_parts, part_files, read_manifests
 
 log = logging.getLogger("chiptrace")
 
@@ -100,13 +102,15 @@ def connect(
     good, bad = good_parts(dirs)
     for path, reason in bad:
         log.warning("chiptrace: skipping unreadable part %s: %s", path, reason)
-    if not good and not allow_empty:
+    # A run with host samples but no spans yet (`chiptrace record -- sleep 5`) is a trace.
+    if not good and not allow_empty and not any(part_files(d, "metrics") for d in dirs if d.is_dir()):
         names = ", ".join(str(d) for d in dirs)
         raise StoreError(f"no trace parts in {names} (expected spans/*.parquet)")
     con = duckdb.connect(config={"threads": threads} if threads else {})
     attach_views(con, good)
     con.register("_runs_arrow", _runs_table(read_manifests(dirs)))
     con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runs_arrow")
+    attach_metrics(con, dirs)
     return con
 
 
@@ -125,6 +129,26 @@ def attach_views(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> None:
     con.execute(SPANS_VIEW.format(rest=rest))
     con.execute(CHIPS_VIEW)
     con.execute(LINKS_VIEW)
+
+
+def attach_metrics(con: duckdb.DuckDBPyConnection, dirs: list[Path]) -> None:
+    """(Re)create the `metrics` view over DIR/metrics parts; empty, with its columns, if none."""
+    from chiptrace.host.metrics import METRIC_COLUMNS, METRICS_SCHEMA, METRICS_TABLE
+
+    # A part file given directly is a span part; metrics come from whole trace dirs only.
+    parts, bad = good_parts([d for d in dirs if d.is_dir()], METRICS_TABLE)
+    for path, reason in bad:
+        log.warning("chiptrace: skipping unreadable metrics part %s: %s", path, reason)
+    if parts:
+        files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in parts)
+        source = f"read_parquet([{files}], union_by_name = true)"
+    else:
+        con.register("_empty_metrics", METRICS_SCHEMA.empty_table())
+        source = "_empty_metrics"
+    con.execute(
+        f"CREATE OR REPLACE VIEW metrics AS SELECT {', '.join(METRIC_COLUMNS)}, "
+        f"make_timestamp(ts_ns // 1000) AS sample_time FROM {source}"
+    )
 
 
 def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:

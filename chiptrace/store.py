@@ -79,6 +79,9 @@ class PartWriter:
         manifest: run facts to record (run id, service, topology, config, ...).
         writer_id: defaults to host-pid-nonce.
         subdir: a partition path under spans/ (for hive-partitioned output).
+        table: the folder parts go under: `spans` (default) or another table such as
+            `metrics` (host samples); a non-span writer counts `rows_written` instead.
+        write_options: pyarrow.parquet.write_table options for a non-span table.
     """
 
     def __init__(
@@ -86,16 +89,22 @@ class PartWriter:
         directory: str | os.PathLike[str],
         manifest: Mapping[str, Any] | None = None,
         writer_id: str | None = None,
+        *,
+        table: str = SPANS_DIR,
+        write_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.writer_id = writer_id or new_writer_id()
+        self.table = table
+        self._options = dict(write_options) if write_options is not None else _WRITE_OPTIONS
         self._seq = 0
         self._lock = threading.Lock()
         self.spans_written = 0
+        self.rows_written = 0
         self.parts_written = 0
         self.bytes_written = 0
         try:
-            (self.directory / SPANS_DIR).mkdir(parents=True, exist_ok=True)
+            (self.directory / table).mkdir(parents=True, exist_ok=True)
             (self.directory / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create trace dir {self.directory}: {e.strerror}") from e
@@ -117,13 +126,15 @@ class PartWriter:
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         with self._lock:
             self._seq += 1
-            folder = self.directory / SPANS_DIR
+            folder = self.directory / self.table
             if partition:
                 folder = folder / partition
                 folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"part-{self.writer_id}-{self._seq:06d}{PART_SUFFIX}"
-            write_atomic(path, lambda tmp: pq.write_table(table, tmp, **_WRITE_OPTIONS))
-            self.spans_written += table.num_rows
+            write_atomic(path, lambda tmp: pq.write_table(table, tmp, **self._options))
+            if self.table == SPANS_DIR:
+                self.spans_written += table.num_rows
+            self.rows_written += table.num_rows
             self.parts_written += 1
             self.bytes_written += path.stat().st_size
         return path
@@ -137,6 +148,8 @@ class PartWriter:
             bytes_written=self.bytes_written,
             updated_unix_ns=time.time_ns(),
         )
+        if self.table != SPANS_DIR:
+            self.manifest.update(table=self.table, rows_written=self.rows_written)
         path = self.directory / MANIFEST_DIR / f"{self.writer_id}.json"
         text = json.dumps(self.manifest, indent=1, default=str)
         write_atomic(path, lambda tmp: tmp.write_text(text))

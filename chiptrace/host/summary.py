@@ -1,0 +1,94 @@
+"""What a recorded run looked like, in a few figures: SQL over the spans and metrics views.
+
+Pure queries returning plain data; `chiptrace record` renders them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GpuFigures:
+    """Means and peaks of one GPU over the run."""
+
+    chip_id: str
+    name: str | None
+    util: float | None
+    mem_used_max: float | None
+    power: float | None
+
+
+@dataclass
+class RunSummary:
+    """The figures `chiptrace record` prints.
+
+    Attributes:
+        spans_by_chip_type: chip type (or '-' for untagged spans) -> span count.
+        cpu_util: mean utilization over all logical CPUs and samples (percent).
+        cpus: logical CPUs sampled.
+        top_nic: (interface, chip id, bytes received, bytes sent) of the busiest interface.
+        gpus: one entry per GPU NVML reported.
+        samples: metric rows in the window.
+    """
+
+    spans_by_chip_type: dict[str, int] = field(default_factory=dict)
+    cpu_util: float | None = None
+    cpus: int = 0
+    top_nic: tuple[str, str, float, float] | None = None
+    gpus: list[GpuFigures] = field(default_factory=list)
+    samples: int = 0
+
+    @property
+    def spans(self) -> int:
+        return sum(self.spans_by_chip_type.values())
+
+
+def _rows(con: Any, sql: str, params: list[Any]) -> list[tuple]:
+    return con.execute(sql, params).fetchall()
+
+
+def summarize(con: Any, since_ns: int = 0, until_ns: int | None = None) -> RunSummary:
+    """Summarize the spans and host metrics between two Unix-ns instants.
+
+    Args:
+        con: a connection from `chiptrace.connect` (views `spans` and `metrics`).
+        since_ns: ignore spans that started and samples taken before this.
+        until_ns: ignore those after this (default: no bound).
+    """
+    until = until_ns if until_ns is not None else 2**63 - 1
+    window = [since_ns, until]
+    out = RunSummary()
+    for chip_type, n in _rows(
+        con,
+        "SELECT coalesce(chip_type, '-'), count(*) FROM spans "
+        "WHERE start_ns BETWEEN ? AND ? GROUP BY 1 ORDER BY 2 DESC, 1",
+        window,
+    ):
+        out.spans_by_chip_type[chip_type] = n
+    m = "FROM metrics WHERE ts_ns BETWEEN ? AND ?"
+    out.samples = _rows(con, f"SELECT count(*) {m}", window)[0][0]
+    out.cpu_util, out.cpus = _rows(
+        con, f"SELECT avg(value), count(DISTINCT chip_id) {m} AND metric = 'cpu.util'", window
+    )[0]
+    nic = _rows(
+        con,
+        "SELECT device, chip_id, "
+        "coalesce(sum(value) FILTER (WHERE metric = 'nic.rx_bytes'), 0) AS rx, "
+        "coalesce(sum(value) FILTER (WHERE metric = 'nic.tx_bytes'), 0) AS tx "
+        f"{m} AND chip_type = 'nic' GROUP BY ALL ORDER BY rx + tx DESC, device LIMIT 1",
+        window,
+    )
+    out.top_nic = tuple(nic[0]) if nic else None  # type: ignore[assignment]
+    for row in _rows(
+        con,
+        "SELECT chip_id, any_value(device), "
+        "avg(value) FILTER (WHERE metric = 'gpu.util'), "
+        "max(value) FILTER (WHERE metric = 'gpu.mem_used'), "
+        "avg(value) FILTER (WHERE metric = 'gpu.power') "
+        f"{m} AND chip_type = 'gpu' GROUP BY chip_id ORDER BY chip_id",
+        window,
+    ):
+        out.gpus.append(GpuFigures(*row))
+    return out
