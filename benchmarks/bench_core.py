@@ -71,6 +71,15 @@ def bench_decorator(calls: int, repeats: int) -> None:
         _median_per_call(f, 2000, 2)
     t_bare = _median_per_call(bare, calls, repeats)
     t_ct = _median_per_call(traced, calls, repeats)
+    # Amortized: one long loop, then the writer thread's conversion and Parquet write of
+    # the same spans, all on this process's CPU (the GIL makes them the program's cost).
+    rec = chiptrace.get_recorder()
+    rec.flush()
+    cpu0 = time.process_time()
+    for _ in range(calls * 5):
+        traced()
+    rec.flush()
+    t_amortized = (time.process_time() - cpu0) / (calls * 5) * 1e6
     t_otel = _median_per_call(otel, max(calls // 20, 1000), repeats)
     chiptrace.shutdown()
     chiptrace.init(tmp + "-off", enabled=False)
@@ -84,6 +93,7 @@ def bench_decorator(calls: int, repeats: int) -> None:
     print(f"  chiptrace @trace          {t_ct:8.3f} us   overhead {t_ct - t_bare:.3f} us")
     print(f"  OTel SDK decorator        {t_otel:8.3f} us   overhead {t_otel - t_bare:.3f} us")
     print(f"  ratio OTel / chiptrace    {(t_otel - t_bare) / (t_ct - t_bare):8.1f}x  (target >= 10x; chiptrace target <= 2 us)")
+    print(f"  chiptrace amortized       {t_amortized:8.3f} us   CPU per call incl. background conversion and Parquet write")
     print(f"  chiptrace disabled        {t_off:8.3f} us   extra over bare {t_off - t_bare2:.3f} us (target <= 0.1 us)")
 
 
@@ -163,7 +173,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
-    calls, repeats = (20_000, 5) if a.quick else (200_000, 7)
+    # Short timed loops, many repeats: the median is the per-call cost, not the odd loop
+    # that shares the GIL with a background flush (that cost is printed as "amortized").
+    calls, repeats = (10_000, 11) if a.quick else (10_000, 51)
     bench_decorator(calls, repeats)
     bench_parquet(500_000 if a.quick else 5_000_000)
     n = 1_000_000 if a.quick else 10_000_000

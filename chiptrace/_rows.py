@@ -28,8 +28,7 @@ from chiptrace.schema import (
     trace_ids_to_binary,
 )
 
-_INT_COLUMNS = ("op_bytes", "op_flops")
-_FIELDS = operator.attrgetter(
+_FIELD_NAMES = (
     "trace_id", "span_id", "parent_id", "name", "kind", "start_ns", "end_ns", "status_code",
     "status_message", "tags", "attributes", "events", "links",
 )  # fmt: skip
@@ -53,8 +52,20 @@ def _json_links(links: Sequence[Any]) -> str:
     )
 
 
+def _tag_columns(tags: Sequence[Any]) -> tuple[dict[str, pa.Array], list[Any], np.ndarray]:
+    """Tag columns from the few distinct Tags objects (one per decorator), gathered in C."""
+    keys = list(map(id, tags))
+    by_id = dict(zip(keys, tags))  # C-level loops only: this runs once per buffered span
+    position = {k: i for i, k in enumerate(by_id)}
+    uniq = list(by_id.values())
+    idx = np.fromiter(map(position.__getitem__, keys), np.int32, len(keys))
+    take = pa.array(idx)
+    cols = {c: pa.array([getattr(u, c) for u in uniq], pa.string()).take(take) for c in TAG_COLUMNS}
+    return cols, uniq, idx
+
+
 def rows_to_batch(rows: Sequence[Any], constants: Mapping[str, Any]) -> pa.RecordBatch:
-    """Convert decorated-span row tuples to one RecordBatch of the span schema.
+    """Convert finished span objects to one RecordBatch of the span schema.
 
     Args:
         rows: span objects with the fields in this module's docstring.
@@ -63,35 +74,39 @@ def rows_to_batch(rows: Sequence[Any], constants: Mapping[str, Any]) -> pa.Recor
     n = len(rows)
     if n == 0:
         return empty_batch()
-    (trace_ids, span_ids, parents, names, kinds, starts, ends, codes, messages,
-     tags, attrs, events, links) = zip(*map(_FIELDS, rows), strict=False)  # fmt: skip
-    tag_cols: dict[str, list[Any]] = {c: [getattr(t, c) for t in tags] for c in TAG_COLUMNS}
-    int_cols: dict[str, list[Any]] = {c: [None] * n for c in _INT_COLUMNS}
+    field = {f: list(map(operator.attrgetter(f), rows)) for f in _FIELD_NAMES}
+    tag_cols, uniq, tag_idx = _tag_columns(field["tags"])
+    attrs = field["attributes"]
+    static = np.array([u.attributes is not None for u in uniq])[tag_idx]
+    dynamic = np.fromiter((a is not None for a in attrs), bool, n)
     attr_json: list[str | None] = [None] * n
-    for i in range(n):
-        static, dynamic = tags[i].attributes, attrs[i]
-        if not static and not dynamic:
-            continue
-        typed, rest = _split_attributes(static, dynamic)
+    overrides: dict[str, dict[int, Any]] = {}
+    for i in np.flatnonzero(static | dynamic).tolist():
+        typed, rest = _split_attributes(uniq[tag_idx[i]].attributes, attrs[i])
         for col, value in typed.items():
-            (int_cols if col in int_cols else tag_cols)[col][i] = value
+            overrides.setdefault(col, {})[i] = value
         if rest:
             attr_json[i] = dumps(rest)
     columns: dict[str, Any] = {
-        "trace_id": trace_ids_to_binary(trace_ids),
-        "span_id": ids_to_binary(span_ids),
-        "parent_span_id": ids_to_binary(parents, zero_is_null=True),
-        "name": names,
-        "kind": np.fromiter(kinds, np.int8, n),
-        "start_ns": np.fromiter(starts, np.int64, n),
-        "end_ns": np.fromiter(ends, np.int64, n),
-        "status_code": np.fromiter(codes, np.int8, n),
-        "status_message": list(messages),
+        "trace_id": trace_ids_to_binary(field["trace_id"]),
+        "span_id": ids_to_binary(field["span_id"]),
+        "parent_span_id": ids_to_binary(field["parent_id"], zero_is_null=True),
+        "name": field["name"],
+        "kind": np.fromiter(field["kind"], np.int8, n),
+        "start_ns": np.fromiter(field["start_ns"], np.int64, n),
+        "end_ns": np.fromiter(field["end_ns"], np.int64, n),
+        "status_code": np.fromiter(field["status_code"], np.int8, n),
+        "status_message": field["status_message"],
         "attributes": attr_json,
-        "events": [_json_events(e) if e else None for e in events],
-        "links": [_json_links(lk) if lk else None for lk in links],
+        "events": [_json_events(e) if e else None for e in field["events"]],
+        "links": [_json_links(lk) if lk else None for lk in field["links"]],
         **tag_cols,
-        **int_cols,
         **constants,
     }
+    for col, values in overrides.items():
+        base = columns.get(col)
+        merged = base.to_pylist() if isinstance(base, pa.Array) else [None] * n
+        for i, v in values.items():
+            merged[i] = v
+        columns[col] = merged
     return batch_from_columns(columns, n)

@@ -107,9 +107,8 @@ class Span(otel_trace.Span):
 
     # Only what every span needs is set per call; the rest reads the class defaults
     # below until first written (each assignment saved is ~0.02 us on the hot path).
-    __slots__ = ("trace_id", "span_id", "parent_id", "name", "kind", "tags", "start_ns")
+    __slots__ = ("trace_id", "span_id", "parent_id", "name", "kind", "tags", "start_ns", "end_ns")
 
-    end_ns = 0
     attributes: dict[str, Any] | None = None
     events: list[tuple[str, int, Any]] | None = None
     links: list[tuple[bytes, int, Any]] | None = None
@@ -125,6 +124,7 @@ class Span(otel_trace.Span):
         self.name = name
         self.kind = kind
         self.tags = tags
+        self.end_ns = 0
 
     # OpenTelemetry Span interface -------------------------------------------------
     def get_span_context(self) -> SpanContext:
@@ -353,20 +353,41 @@ def _default_name(f: Callable[..., Any]) -> str:
 
 
 def _wrap_function(fn: Callable[P, R], name: str, tags: Tags, kind: int) -> Callable[P, R]:
+    """The hottest path in chiptrace: `_open` and the fast half of `_close` are inlined
+    here because two Python call frames cost ~0.15 us of a ~1.5 us budget."""
     state = _STATE
+    get_context, set_context, reset_context = _get_context, _set_context, _reset_context
+    span_key, time_ns, randbits, span_cls, ctx_cls = _SPAN_KEY, _time_ns, _randbits, Span, Context
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         if not state.enabled:
             return fn(*args, **kwargs)
-        span, token = _open(name, tags, kind)
+        ctx = get_context()
+        parent = ctx.get(span_key)
+        if parent.__class__ is span_cls:
+            span = span_cls(parent.trace_id, randbits(64) or 1, parent.span_id, name, kind, tags)
+            token = set_context(ctx_cls({**ctx, span_key: span}))
+            span.start_ns = time_ns()
+        else:  # a root, or an OpenTelemetry parent: the general path
+            span, token = _open(name, tags, kind)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
             span._fail(e)
             raise
         finally:
-            _close(span, token)
+            span.end_ns = time_ns()
+            try:
+                reset_context(token)
+            except ValueError:
+                pass
+            rec = state.recorder
+            if rec is not None and len(rec.rows) < rec.max_buffered:
+                rec.rows.append(span)
+            else:
+                span.end_ns, end = 0, span.end_ns
+                _finish(span, end)  # first span, or a full buffer: the slow path counts it
 
     return wrapper
 
