@@ -1,0 +1,229 @@
+"""OTLP export: stored spans to Jaeger (or any OTLP receiver) over HTTP/protobuf or gRPC.
+
+Two entry points:
+
+- `export_batches` / `export_dirs`: a one-shot export of a trace (what `chiptrace export
+  DIR --otlp URL` runs). Fails with `ExportError` saying how many spans were sent.
+- `OtlpSink`: a recorder sink that streams spans live while they are also stored
+  (`chiptrace.init(otlp_endpoint=...)` or `OTEL_EXPORTER_OTLP_ENDPOINT`). It sends from its
+  own thread, so a slow or dead collector never holds up the Parquet store; when its queue
+  is full it drops and counts, like the SDK's BatchSpanProcessor.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from chiptrace.exporters.otlp_config import OtlpSettings, resolve
+from chiptrace.exporters.otlp_encode import encode_spans, requests
+from chiptrace.exporters.otlp_transport import ExportError, make_transport, send_with_retry
+from chiptrace.exporters.source import SpanFilter, SpanSource
+
+log = logging.getLogger("chiptrace")
+
+DEFAULT_BATCH_SPANS = 2048  # spans per request: ~0.5 MB, well under gRPC's 4 MB default
+
+
+@dataclass
+class ExportResult:
+    """What an export did."""
+
+    spans: int
+    requests: int
+    rejected: int
+    seconds: float
+    url: str
+
+    @property
+    def spans_per_s(self) -> float:
+        return self.spans / self.seconds if self.seconds > 0 else float("inf")
+
+
+def export_batches(
+    batches: Iterable[pa.RecordBatch],
+    settings: OtlpSettings,
+    *,
+    total: int | None = None,
+    batch_spans: int = DEFAULT_BATCH_SPANS,
+    retries: int = 5,
+    backoff_s: float = 0.25,
+    progress: Callable[[int], None] | None = None,
+) -> ExportResult:
+    """Encode span batches straight from their columns and send them.
+
+    Args:
+        batches: span record batches (the store schema or DuckDB's plain-typed copy).
+        settings: endpoint and options (see `otlp_config.resolve`).
+        total: spans expected, for the error message.
+        batch_spans: spans per OTLP request.
+        retries, backoff_s: transient-failure policy per request.
+        progress: called with the number of spans after each request is acknowledged.
+
+    Raises:
+        ExportError: the endpoint failed for good; the message says how many spans got there.
+    """
+    transport = make_transport(settings)
+    sent = reqs = rejected = 0
+    t0 = time.perf_counter()
+    try:
+        for batch in _whole_requests(batches, batch_spans):
+            for body, n in requests(encode_spans(batch), batch_spans):
+                try:
+                    rejected += send_with_retry(transport, body, retries=retries, backoff_s=backoff_s)
+                except ExportError as e:
+                    of = f" of {total}" if total is not None else ""
+                    raise ExportError(
+                        f"OTLP export to {settings.url} failed: {e}; sent {sent}{of} spans"
+                    ) from e
+                sent += n
+                reqs += 1
+                if progress:
+                    progress(n)
+    finally:
+        transport.close()
+    return ExportResult(sent, reqs, rejected, time.perf_counter() - t0, settings.url)
+
+
+def _whole_requests(batches: Iterable[pa.RecordBatch], size: int) -> Iterable[pa.Table]:
+    """Regroup batches so every request but the last is full (DuckDB cuts per file)."""
+    held: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        held.append(batch)
+        rows += batch.num_rows
+        if rows >= size:
+            table = pa.Table.from_batches(held)
+            cut = rows - rows % size
+            yield table.slice(0, cut)
+            held = table.slice(cut).to_batches()
+            rows -= cut
+    if rows:
+        yield pa.Table.from_batches(held)
+
+
+def export_dirs(
+    dirs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    endpoint: str | None = None,
+    *,
+    span_filter: SpanFilter | None = None,
+    **kwargs: Any,
+) -> ExportResult:
+    """Export the (filtered) spans of trace dirs to an OTLP endpoint.
+
+    Args:
+        dirs: trace directories.
+        endpoint: `http(s)://host:port[/v1/traces]` or `grpc://host:port`; None reads
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT.
+        span_filter: which spans.
+        **kwargs: passed to `export_batches`.
+    """
+    settings = resolve(endpoint)
+    source = SpanSource(dirs, span_filter)
+    return export_batches(source.batches(), settings, total=source.count, **kwargs)
+
+
+class OtlpSink:
+    """A recorder sink that streams every flushed batch to an OTLP endpoint.
+
+    Args:
+        endpoint: as `export_dirs` takes it; None uses the OTEL_EXPORTER_OTLP_* variables.
+        max_queued_spans: spans held while the endpoint is slow; beyond, batches drop.
+        retries: transient-failure retries per request (kept low: live data goes stale).
+        batch_spans: spans per OTLP request.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        max_queued_spans: int = 200_000,
+        retries: int = 2,
+        batch_spans: int = DEFAULT_BATCH_SPANS,
+    ) -> None:
+        self.settings = resolve(endpoint)
+        self.retries = retries
+        self.batch_spans = batch_spans
+        self.max_queued_spans = max_queued_spans
+        self.sent = self.dropped = self.failed = 0
+        self._queue: collections.deque[pa.RecordBatch] = collections.deque()
+        self._queued = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._busy = False
+        self._transport = make_transport(self.settings)
+        self._thread = threading.Thread(target=self._run, name="chiptrace-otlp", daemon=True)
+        self._thread.start()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Queue a batch for sending; never blocks, drops (and counts) when the queue is full."""
+        with self._cond:
+            if self._closed or self._queued + batch.num_rows > self.max_queued_spans:
+                self.dropped += batch.num_rows
+                return
+            self._queue.append(batch)
+            self._queued += batch.num_rows
+            self._cond.notify()
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until everything queued was sent (or failed). Returns False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
+    def close(self) -> None:
+        """Send what is queued (bounded by the request timeout), then stop."""
+        self.flush(timeout_s=2 * self.settings.timeout_s)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=self.settings.timeout_s)
+        self._transport.close()
+        if self.dropped or self.failed:
+            log.warning(
+                "chiptrace: OTLP sink to %s: %d spans sent, %d dropped, %d failed",
+                self.settings.url, self.sent, self.dropped, self.failed,
+            )
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                batch = self._queue.popleft()
+                self._busy = True
+            try:
+                self._send(batch)
+            finally:
+                with self._cond:
+                    self._queued -= batch.num_rows
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _send(self, batch: pa.RecordBatch) -> None:
+        done = 0
+        try:
+            for body, n in requests(encode_spans(batch), self.batch_spans):
+                send_with_retry(self._transport, body, retries=self.retries)
+                done += n
+        except Exception as e:  # noqa: BLE001 - a live sink logs, it never raises into the recorder
+            self.failed += batch.num_rows - done
+            log.warning("chiptrace: OTLP export to %s failed: %s", self.settings.url, e)
+        finally:
+            self.sent += done
