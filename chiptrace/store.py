@@ -71,6 +71,20 @@ def write_atomic(path: Path, write: Any) -> None:
         raise
 
 
+def _clock_facts() -> dict[str, Any]:
+    raw = os.environ.get("CHIPTRACE_CLOCK_OFFSET_NS", "")
+    try:
+        offset = int(raw) if raw else 0
+    except ValueError:
+        offset = 0
+    return {
+        "wall_unix_ns": time.time_ns(),
+        "monotonic_ns": time.monotonic_ns(),
+        "offset_ns": offset,
+        "offset_source": "CHIPTRACE_CLOCK_OFFSET_NS" if raw else "none",
+    }
+
+
 class PartWriter:
     """Writes span batches as Parquet parts and keeps this writer's manifest current.
 
@@ -113,6 +127,9 @@ class PartWriter:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started_unix_ns": time.time_ns(),
+            # Spans carry this host's wall clock. A launcher that knows the host's offset
+            # from a reference clock (chrony, PTP) passes it, so readers can align hosts.
+            "clock": _clock_facts(),
             "chiptrace_version": _version.__version__,
             "schema_version": SCHEMA_VERSION,
             "python": sys.version.split()[0],

@@ -161,3 +161,13 @@ def test_two_processes_share_one_dir(tmp_path):
     con = chiptrace.connect(out)
     assert con.sql("SELECT count(*), count(DISTINCT pid) FROM spans").fetchall()[0] == (100, 2)
     assert con.sql("SELECT count(*) FROM runs").fetchall()[0][0] == 2
+
+
+def test_manifest_records_clock_offset(tmp_path):
+    out = tmp_path / "clock"
+    code = "import sys, chiptrace\nchiptrace.init(sys.argv[1])\nwith chiptrace.span('x'): pass"
+    env = {**os.environ, "CHIPTRACE_CLOCK_OFFSET_NS": "-1234"}
+    subprocess.run([sys.executable, "-c", code, str(out)], check=True, env=env)
+    con = chiptrace.connect(out)
+    row = con.sql("SELECT manifest->>'$.clock.offset_ns', host FROM runs").fetchall()[0]
+    assert row[0] == "-1234" and row[1]
