@@ -232,3 +232,22 @@ def test_user_span_exporter_receives_spans(tmp_path):
     (sp,) = exporter.get_finished_spans()
     assert sp.name == "exported"
     assert sp.attributes["chip.id"] == "gpu:2" and sp.attributes["x"] == 3
+
+
+def test_no_configuration_writes_under_default_dir(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = "import chiptrace\n@chiptrace.trace(chip='gpu:0')\ndef f():\n    return 1\nassert f() == 1\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CHIPTRACE_", "OTEL_"))}
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True)
+    (run_dir,) = (tmp_path / "chiptrace-traces").iterdir()
+    con = chiptrace.connect(run_dir)
+    assert con.sql("SELECT name, chip_id FROM spans").fetchall() == [("f", "gpu:0")]
+
+
+def test_bad_setting_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHIPTRACE_FLUSH_INTERVAL", "soon")
+    with pytest.raises(chiptrace.ConfigError, match="CHIPTRACE_FLUSH_INTERVAL='soon': expected a float"):
+        chiptrace.init(tmp_path / "x")
