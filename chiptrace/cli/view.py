@@ -1,0 +1,75 @@
+"""`chiptrace view`: the live terminal viewer over a trace dir or an OTLP/HTTP endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from chiptrace.errors import ChiptraceError, StoreError
+
+NAME = "view"
+ORDER = 20
+HELP = "watch chips, links and bottlenecks live in a terminal UI (trace dir or OTLP)"
+DESCRIPTION = (
+    "Open the live viewer: load per chip type and per link, bottleneck alerts, the slowest "
+    "ops, a trace waterfall with the critical path, and a SQL console. Follows DIR as parts "
+    "land, replays it with --replay, or receives OTLP/HTTP with --otlp."
+)
+DEFAULT_OTLP = "127.0.0.1:4318"
+
+
+class ViewArgumentError(ChiptraceError):
+    """Arguments that do not name a source."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", nargs="?", metavar="DIR", help="trace dir to follow (may not exist yet)")
+    p.add_argument("--otlp", nargs="?", const=DEFAULT_OTLP, metavar="HOST:PORT",
+                   help=f"receive OTLP/HTTP spans (default {DEFAULT_OTLP})")  # fmt: skip
+    p.add_argument("--out", metavar="DIR", help="with --otlp: also store the spans in DIR")
+    p.add_argument("--replay", nargs="?", type=float, const=1.0, metavar="SPEED",
+                   help="replay a finished trace paced to wall time (SPEED x real time)")  # fmt: skip
+    p.add_argument("--window-ms", type=float, metavar="MS", help="initial dashboard window")
+    p.add_argument("--no-ui", action="store_true", help="print the dashboard once as text and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    window_ns = int(args.window_ms * 1e6) if args.window_ms else None
+    if args.window_ms is not None and args.window_ms <= 0:
+        raise ViewArgumentError(f"--window-ms {args.window_ms}: expected a positive number")
+    if args.otlp:
+        return _run_otlp(args, window_ns)
+    if not args.dir:
+        raise ViewArgumentError("give a trace DIR to follow, or --otlp [HOST:PORT] to receive spans")
+    directory = Path(args.dir)
+    if directory.exists() and not directory.is_dir():
+        raise StoreError(f"{args.dir}: expected a trace directory, not a file")
+    if args.replay is not None and args.replay <= 0:
+        raise ViewArgumentError(f"--replay {args.replay}: expected a positive speed")
+    from chiptrace.viewer.launch import dir_app, summarize_dir
+
+    if args.no_ui or not sys.stdout.isatty():
+        if not directory.is_dir():
+            raise StoreError(f"trace dir {args.dir!r} does not exist")
+        print(summarize_dir(directory, window_ns))
+        return 0
+    dir_app(directory, replay=args.replay, window_ns=window_ns).run()
+    return 0
+
+
+def _run_otlp(args: argparse.Namespace, window_ns: int | None) -> int:
+    from chiptrace.viewer.otlp import OtlpSource, parse_address
+
+    host, port = parse_address(args.otlp)
+    source = OtlpSource(host, port, out=args.out)
+    try:
+        if args.no_ui or not sys.stdout.isatty():
+            return source.serve_summary(window_ns)
+        from chiptrace.viewer.app import ViewerApp
+
+        print(f"chiptrace: receiving OTLP/HTTP on http://{host}:{source.port}/v1/traces", file=sys.stderr)
+        ViewerApp([source], feed=source.feed, window_ns=window_ns).run()
+    finally:
+        source.stop()
+    return 0

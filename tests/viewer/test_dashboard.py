@@ -1,0 +1,127 @@
+"""Pilot tests of the live dashboard over real trace dirs, checked against DuckDB."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from chiptrace.viewer.app import ViewerApp
+from chiptrace.viewer.sources import DirSource
+from viewer_helpers import screen_text
+from viewer_rack import LOAD, SATURATED, STEP_NS, write_rack
+
+import chiptrace
+from chiptrace.schema import CHIP_TYPES
+
+WINDOW_NS = STEP_NS  # one step: 100 ms, ten 10 ms buckets
+
+
+async def _settle(app: ViewerApp, pilot, spans: int) -> None:  # noqa: ANN001
+    for _ in range(100):
+        if app.model.spans_total >= spans:
+            break
+        await pilot.pause(0.05)
+    app.refresh_dashboard()
+    await pilot.pause()
+
+
+def _sql_utilization(directory: Path, since: int, until: int) -> dict[str, float]:
+    con = chiptrace.connect(directory)
+    rows = con.sql(
+        f"SELECT chip_id, sum(busy_ns) / {until - since} AS u FROM "
+        f"utilization({(until - since) / 1e6}, since_ns := {since}, until_ns := {until}) GROUP BY chip_id"
+    ).fetchall()
+    return dict(rows)
+
+
+async def test_six_chip_types_agree_with_sql(rack_dir: Path) -> None:
+    total = chiptrace.connect(rack_dir).sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    app = ViewerApp([DirSource(rack_dir)], window_ns=WINDOW_NS)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _settle(app, pilot, total)
+        snap = app.snapshot
+        text = screen_text(app)
+        for chip_type in CHIP_TYPES:
+            assert chip_type.upper() in text, f"{chip_type} panel missing"
+            assert snap.chips[chip_type], f"no {chip_type} chips"
+        expected = _sql_utilization(rack_dir, snap.since_ns, snap.until_ns)
+        shown = {r.id: r.utilization for rows in snap.chips.values() for r in rows}
+        assert set(shown) == set(LOAD)
+        for chip, u in shown.items():
+            assert u == pytest.approx(expected.get(chip, 0.0), abs=1e-6), chip
+            assert u == pytest.approx(LOAD[chip], abs=1e-6)
+        # The bars' percentages are on screen too.
+        assert re.search(r"gpu:0 .* 80%", text)
+        assert re.search(r"npu:0 .* 50%", text)
+
+
+async def test_missing_chip_type_says_so(tmp_path: Path) -> None:
+    import viewer_rack as rack
+    from viewer_rack import TOPOLOGY
+
+    saved = dict(rack.LOAD)
+    rack.LOAD.pop("switch:0")
+    topo_chips = list(TOPOLOGY["chips"])
+    TOPOLOGY["chips"] = [c for c in topo_chips if c["type"] != "switch"]
+    try:
+        d = write_rack(tmp_path / "noswitch", steps=2, parts=1)
+    finally:
+        rack.LOAD.clear()
+        rack.LOAD.update(saved)
+        TOPOLOGY["chips"] = topo_chips
+    app = ViewerApp([DirSource(d)], window_ns=WINDOW_NS)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await _settle(app, pilot, 1)
+        assert "no switch chips in this source" in screen_text(app)
+
+
+async def test_injected_faults_raise_alerts(rack_dir: Path) -> None:
+    app = ViewerApp([DirSource(rack_dir)], window_ns=WINDOW_NS)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _settle(app, pilot, 100)
+        rules = {(a.rule, a.culprit) for a in app.alerts}
+        assert ("link-saturated", SATURATED) in rules
+        assert ("idle-gpu", "gpu:3") in rules
+        assert not any(a.culprit == "pcie5:cpu:0-gpu:0" for a in app.alerts)
+        text = screen_text(app)
+        assert "gpu:3 idle" in text
+        assert "95% of its bandwidth" in text
+
+
+async def test_follows_parts_as_they_land(tmp_path: Path) -> None:
+    d = tmp_path / "live"
+    app = ViewerApp([DirSource(d)], window_ns=WINDOW_NS, poll_s=0.05)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        assert app.model.spans_total == 0
+        assert "waiting" in screen_text(app) or app.snapshot.empty
+        write_rack(d, steps=2, parts=1)
+        await _settle(app, pilot, 1)
+        first = app.model.spans_total
+        assert first > 0
+        write_rack(d, steps=4, parts=1)  # a second writer: its parts only are read
+        await _settle(app, pilot, first + 1)
+        assert app.model.spans_total == first * 3
+
+
+async def test_pause_freezes_and_zoom_changes_window(rack_dir: Path) -> None:
+    app = ViewerApp([DirSource(rack_dir)], window_ns=WINDOW_NS)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _settle(app, pilot, 100)
+        before = app.window_ns
+        await pilot.press("minus")
+        assert app.window_ns > before
+        await pilot.press("plus")
+        assert app.window_ns == before
+        await pilot.press("p")
+        assert app.paused and "PAUSED" in screen_text(app)
+        n = app.refreshes
+        app.refresh_dashboard()
+        assert app.refreshes == n
+        await pilot.press("p")
+        assert not app.paused
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert "pause / resume" in screen_text(app)
+        await pilot.press("escape")

@@ -1,0 +1,80 @@
+"""Pilot tests of the trace explorer (waterfall, critical path, span details) and SQL console."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from chiptrace.viewer.app import ViewerApp
+from chiptrace.viewer.sources import DirSource
+from chiptrace.viewer.widgets import SpanDetail, SqlConsole, Waterfall, WaterfallRows
+from viewer_helpers import screen_text
+
+
+async def _wait(pilot, cond, tries: int = 100) -> None:  # noqa: ANN001
+    for _ in range(tries):
+        if cond():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("condition not met in time")
+
+
+async def test_waterfall_opens_on_a_trace(rack_dir: Path) -> None:
+    app = ViewerApp([DirSource(rack_dir)])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("e")
+        wf = app.query_one(Waterfall)
+        await _wait(pilot, lambda: wf.data is not None)
+        rows = wf.data
+        assert int((rows.rows >= 0).sum()) == 812  # every span of the step has a row
+        assert rows.critical.any()
+        # Lanes by chip and link, each a header row.
+        lanes = set(rows.header_lane.values())
+        assert {"gpu:0", "npu:0", "switch:0", "nvlink6:gpu:0-gpu:1"} <= lanes
+        await _wait(pilot, lambda: "critical path" in screen_text(app))
+        text = screen_text(app)
+        assert "▾ cpu:0" in text
+        wf.focus()
+        await pilot.press("c")  # jump to a critical-path span: details say so
+        await pilot.pause(0.1)
+        detail = app.query_one(SpanDetail)
+        assert "critical path" in str(detail.render())
+        await pilot.press("down", "right_square_bracket")
+        assert wf.view[1] - wf.view[0] < rows.t1 - rows.t0
+
+
+def test_waterfall_rows_lazy_at_100k_spans() -> None:
+    n = 100_000
+    rng = np.random.default_rng(3)
+    start = np.sort(rng.integers(0, 10**9, n))
+    chips = pa.array([f"gpu:{i % 8}" for i in range(n)]).dictionary_encode()
+    table = pa.table({
+        "span_id": [f"{i:016x}" for i in range(n)], "name": pa.array(["op"] * n),
+        "start_ns": start, "end_ns": start + 1000, "chip_id": chips,
+        "link_id": pa.nulls(n, pa.string()),
+    })  # fmt: skip
+    rows = WaterfallRows(table, {"0000000000000001"})
+    assert len(rows) == n + 8  # spans plus one header per lane
+    assert rows.critical.sum() == 1
+
+
+async def test_sql_console_runs_and_shows_errors(rack_dir: Path) -> None:
+    app = ViewerApp([DirSource(rack_dir)])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("s")
+        console = app.query_one(SqlConsole)
+        await pilot.press(*"select count(*) as n from spans")
+        await pilot.press("enter")
+        grid = app.query_one("#sql-result")
+        await _wait(pilot, lambda: grid.row_count == 1)
+        assert "8120" in screen_text(app)
+        app.query_one("#sql-input").value = "selec nonsense"
+        await pilot.press("enter")
+        await _wait(pilot, lambda: console.has_class("-error"))
+        assert "SQL error" in screen_text(app)
+        box = app.query_one("#sql-input")
+        await pilot.press("up")
+        assert box.value == "selec nonsense"
+        await pilot.press("up")
+        assert box.value == "select count(*) as n from spans"

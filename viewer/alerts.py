@@ -1,0 +1,105 @@
+"""Live bottleneck alerts from a dashboard snapshot: cheap rules over the window's figures.
+
+These run every refresh, so they look only at the snapshot (O(chips + links)). When the
+analysis package offers a windowed rule API (`chiptrace.analysis.live_findings`), its
+findings are used instead; this module is the fallback and the seam to swap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from chiptrace.viewer.model import Snapshot
+
+SATURATED = 0.90  # throughput / bandwidth, or busy fraction when no bandwidth is known
+IDLE = 0.05
+PEERS_BUSY = 0.30
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One live finding: how bad, which rule, who, and a one-line explanation."""
+
+    severity: str  # high, medium, low, info
+    rule: str
+    culprit: str
+    message: str
+
+
+def saturated_links(snap: Snapshot) -> list[Alert]:
+    """A link direction running at >= 90% of its bandwidth (or busy >= 90% of the window)."""
+    out = []
+    for link in snap.links:
+        sat = link.saturation
+        if sat is not None and sat >= SATURATED:
+            out.append(Alert("high", "link-saturated", link.id,
+                             f"{link.id} at {sat:.0%} of its bandwidth"))  # fmt: skip
+        elif sat is None and link.utilization >= SATURATED:
+            out.append(Alert("medium", "link-busy", link.id,
+                             f"{link.id} busy {link.utilization:.0%} of the window"))  # fmt: skip
+    return out
+
+
+def idle_chips(snap: Snapshot, chip_type: str = "gpu") -> list[Alert]:
+    """A chip doing (almost) nothing while its peers of the same type are busy."""
+    rows = snap.chips.get(chip_type, [])
+    if len(rows) < 2:
+        return []
+    out = []
+    for r in rows:
+        peers = [p.utilization for p in rows if p.id != r.id]
+        mean = float(np.mean(peers))
+        if r.utilization <= IDLE and mean >= PEERS_BUSY:
+            out.append(Alert("high", f"idle-{chip_type}", r.id,
+                             f"{r.id} idle ({r.utilization:.0%}) while peers average {mean:.0%}"))  # fmt: skip
+    return out
+
+
+def stragglers(snap: Snapshot) -> list[Alert]:
+    """A chip much busier than its peers: in lockstep work the others wait for it."""
+    out = []
+    for chip_type, rows in snap.chips.items():
+        if len(rows) < 3:
+            continue
+        med = float(np.median([r.utilization for r in rows]))
+        for r in rows:
+            if med >= 0.05 and r.utilization >= med + 0.25 and r.utilization >= 1.3 * med:
+                out.append(Alert("medium", "straggler", r.id,
+                                 f"{r.id} busy {r.utilization:.0%} vs {chip_type} median {med:.0%}"))  # fmt: skip
+    return out
+
+
+def dropped_spans(snap: Snapshot) -> list[Alert]:
+    if snap.dropped:
+        return [Alert("low", "spans-dropped", "feed", f"{snap.dropped:,} spans dropped")]
+    return []
+
+
+RULES: tuple[Callable[[Snapshot], list[Alert]], ...] = (
+    saturated_links, idle_chips, stragglers, dropped_spans,
+)
+_RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
+
+
+def _analysis_rules() -> Callable[[Snapshot], list[Alert]] | None:
+    """The analysis package's live rules, when it has them (it is built in parallel)."""
+    try:
+        from chiptrace.analysis import live_findings  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+
+    def run(snap: Snapshot) -> list[Alert]:
+        return [Alert(f.severity, f.rule, f.culprit, f.suggestion) for f in live_findings(snap)]
+
+    return run
+
+
+def derive_alerts(snap: Snapshot) -> list[Alert]:
+    """Every rule's alerts for the snapshot, most severe first."""
+    if snap.empty:
+        return []
+    external = _analysis_rules()
+    alerts = external(snap) if external else [a for rule in RULES for a in rule(snap)]
+    return sorted(alerts, key=lambda a: (_RANK.get(a.severity, 9), a.rule, a.culprit))

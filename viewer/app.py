@@ -1,0 +1,205 @@
+"""`ViewerApp`: the Textual app behind `chiptrace view` and `chiptrace demo`.
+
+Data flows one way: sources -> SpanFeed -> (ingest worker thread) -> LiveModel ->
+(refresh timer on the UI thread) -> Snapshot -> widgets. The UI thread only reads the
+window's buckets, so a refresh costs the same at 1M or 50M stored spans.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from chiptrace.viewer.alerts import Alert, derive_alerts
+from chiptrace.viewer.model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
+from chiptrace.viewer.queries import LiveStore
+from chiptrace.viewer.sources import SpanFeed
+from chiptrace.viewer.widgets.dashboard import Dashboard
+from chiptrace.viewer.widgets.explorer import Explorer
+from chiptrace.viewer.widgets.help_screen import HelpScreen
+from chiptrace.viewer.widgets.sql_console import SqlConsole
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.reactive import reactive
+from textual.widgets import Footer, TabbedContent, TabPane
+from textual.worker import get_current_worker
+
+ZOOM_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)  # window = bucket x step
+
+
+class ViewerApp(App[None]):
+    """The live viewer.
+
+    Args:
+        sources: pollers (`DirSource`, `FeedSource`, `OtlpSource`); the first one with a
+            store_dir backs the explorer and the SQL console.
+        feed: the queue sources and in-process producers write into (one is made if None).
+        bucket_ns: the dashboard's finest time resolution.
+        window_ns: the initial dashboard window (zoom with + and -).
+        refresh_s: dashboard refresh period.
+        poll_s: how often the ingest worker polls the sources and drains the feed.
+    """
+
+    CSS_PATH = "viewer.tcss"
+    TITLE = "chiptrace"
+    BINDINGS = [
+        Binding("question_mark", "help", "Help"),
+        Binding("d", "show_tab('dashboard')", "Dash"),
+        Binding("e", "show_tab('explorer')", "Explore"),
+        Binding("s", "show_tab('sql')", "SQL"),
+        Binding("p", "toggle_pause", "Pause"),
+        Binding("plus,equals_sign", "zoom(-1)", "Zoom+", key_display="+"),
+        Binding("minus", "zoom(1)", "Zoom-", key_display="-"),
+        Binding("t", "toggle_theme", "Theme", show=False),
+        Binding("r", "reload", "Reload", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    paused = reactive(False)
+    zoom = reactive(4)
+
+    def __init__(
+        self,
+        sources: Sequence[object] = (),
+        feed: SpanFeed | None = None,
+        *,
+        bucket_ns: int = DEFAULT_BUCKET_NS,
+        window_ns: int | None = None,
+        refresh_s: float = 0.2,
+        poll_s: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.sources = list(sources)
+        self.feed = feed or SpanFeed()
+        self.model = LiveModel(bucket_ns=bucket_ns)
+        self.refresh_s = refresh_s
+        self.poll_s = poll_s
+        self.refreshes = 0
+        self.refresh_seconds = 0.0  # time spent in refreshes (the benchmark reads it)
+        self.snapshot: Snapshot | None = None
+        self.alerts: list[Alert] = []
+        store_dir = next((s.store_dir for s in self.sources if getattr(s, "store_dir", None)), None)
+        self.store = LiveStore(store_dir) if store_dir else None
+        self.source_name = " + ".join(getattr(s, "name", "feed") for s in self.sources) or "feed"
+        if window_ns:
+            steps = [abs(window_ns - bucket_ns * s) for s in ZOOM_STEPS]
+            self.set_reactive(ViewerApp.zoom, steps.index(min(steps)))
+
+    def compose(self) -> ComposeResult:
+        with TabbedContent(initial="dashboard", id="tabs"):
+            with TabPane("Dashboard", id="dashboard"):
+                yield Dashboard(id="dash")
+            with TabPane("Explorer", id="explorer"):
+                yield Explorer(self.store, id="explorer-view")
+            with TabPane("SQL", id="sql"):
+                yield SqlConsole(self.store, id="sql-console")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._ingest_loop()
+        self.set_interval(self.refresh_s, self.refresh_dashboard)
+        self.refresh_dashboard()
+
+    @property
+    def window_ns(self) -> int:
+        return self.model.bucket_ns * ZOOM_STEPS[self.zoom]
+
+    # ------------------------------------------------------------ ingest
+
+    def ingest_once(self) -> int:
+        """Poll every source, drain the feed into the model; returns spans ingested."""
+        n = 0
+        dropped = self.feed.dropped
+        for src in self.sources:
+            src.poll(self.feed)
+            manifests = src.manifests()
+            if manifests:
+                self.model.declare(manifests)
+                dropped += sum(int(m.get("spans_dropped") or 0) for m in manifests)
+        for batch in self.feed.drain():
+            self.model.ingest(batch)
+            n += batch.num_rows
+        self.model.dropped = dropped
+        return n
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="ingest")
+    def _ingest_loop(self) -> None:
+        """Off the UI thread: NumPy folding of arriving batches (~1 ms per 10k spans)."""
+        worker = get_current_worker()
+        declared: set[int] = set()
+        while not worker.is_cancelled:
+            t = time.monotonic()
+            try:
+                self.ingest_once()
+            except Exception as e:  # noqa: BLE001 - keep following; show why on screen
+                self.call_from_thread(self.notify, f"ingest: {e}", severity="error")
+                declared.clear()
+            time.sleep(max(0.0, self.poll_s - (time.monotonic() - t)))
+
+    # ------------------------------------------------------------ refresh
+
+    def refresh_dashboard(self) -> None:
+        """Redraw the dashboard from the window's buckets (skipped while paused)."""
+        if self.paused:
+            return
+        t = time.perf_counter()
+        self.snapshot = self.model.snapshot(self.window_ns)
+        self.alerts = derive_alerts(self.snapshot)
+        tabs = self.query_one(TabbedContent)
+        if tabs.active == "dashboard":
+            self.query_one(Dashboard).show(self.snapshot, self.alerts, self.source_name, self.paused)
+        self.refreshes += 1
+        self.refresh_seconds += time.perf_counter() - t
+
+    def watch_paused(self, paused: bool) -> None:
+        self.set_class(paused, "-paused")
+        if self.snapshot is not None and self.is_mounted:
+            self.query_one(Dashboard).show(self.snapshot, self.alerts, self.source_name, paused)
+
+    def watch_zoom(self) -> None:
+        if self.is_mounted:
+            self.refresh_dashboard()
+
+    # ------------------------------------------------------------ actions
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        self.on_tabbed_content_tab_activated(None)
+
+    def on_tabbed_content_tab_activated(self, event: object) -> None:
+        active = self.query_one(TabbedContent).active
+        if active == "explorer":
+            self.query_one(Explorer).reload()
+        elif active == "sql":
+            self.query_one("#sql-input").focus()
+        elif active == "dashboard":
+            self.refresh_dashboard()
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+
+    def action_zoom(self, delta: int) -> None:
+        self.zoom = min(max(self.zoom + delta, 0), len(ZOOM_STEPS) - 1)
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
+
+    def action_reload(self) -> None:
+        if self.query_one(TabbedContent).active == "explorer":
+            self.query_one(Explorer).reload()
+
+    def on_unmount(self) -> None:
+        for src in self.sources:
+            src.stop()
+        if self.store is not None:
+            self.store.close()
+
+
+def store_path(app: ViewerApp) -> Path | None:
+    """The trace dir behind the explorer and SQL console, if any."""
+    return app.store.directory if app.store else None

@@ -1,0 +1,106 @@
+"""Building a viewer for a source: the glue `chiptrace view` and `chiptrace demo` share.
+
+Also the text summary (`--no-ui`, or stdout not a terminal): the same snapshot and alerts
+the dashboard draws, printed once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from chiptrace.viewer.alerts import Alert, derive_alerts
+from chiptrace.viewer.model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
+from chiptrace.viewer.render import human_bytes_per_s, human_count, human_ns
+from chiptrace.viewer.sources import DirSource, SpanFeed
+
+from chiptrace.schema import CHIP_TYPES
+from chiptrace.store import part_files
+
+MIN_BUCKET_NS = 1_000
+
+
+def trace_extent(directory: Path) -> tuple[int, int] | None:
+    """(first start, last end) of a trace dir from the parts' Parquet statistics, without
+    reading any span; None when there are no parts or no statistics."""
+    lo, hi = math.inf, -math.inf
+    for path in part_files(directory):
+        try:
+            meta = pq.read_metadata(path)
+        except Exception:  # noqa: BLE001 - a bad part is reported when it is read
+            continue
+        names = meta.schema.names
+        if "start_ns" not in names or "end_ns" not in names:
+            continue
+        si, ei = names.index("start_ns"), names.index("end_ns")
+        for g in range(meta.num_row_groups):
+            s, e = meta.row_group(g).column(si).statistics, meta.row_group(g).column(ei).statistics
+            if s is not None and s.has_min_max and e is not None and e.has_min_max:
+                lo, hi = min(lo, s.min), max(hi, e.max)
+    return (int(lo), int(hi)) if lo < hi else None
+
+
+def choose_bucket(extent_ns: int | None) -> tuple[int, int | None]:
+    """(bucket_ns, window_ns) for a trace of this length: a long trace gets the default
+    10 ms buckets; a short finished one finer buckets, so it fills the history."""
+    if not extent_ns or extent_ns <= 0:
+        return DEFAULT_BUCKET_NS, None
+    bucket = int(min(DEFAULT_BUCKET_NS, max(MIN_BUCKET_NS, extent_ns // 2000)))
+    return bucket, max(bucket, extent_ns // 20)
+
+
+def dir_app(directory: str | Path, replay: float | None = None, window_ns: int | None = None,
+            bucket_ns: int | None = None):  # noqa: ANN201 - imports Textual lazily  # fmt: skip
+    """A ViewerApp following (or replaying) a trace dir."""
+    from chiptrace.viewer.app import ViewerApp
+
+    directory = Path(directory)
+    extent = trace_extent(directory) if directory.is_dir() else None
+    b, w = choose_bucket(extent[1] - extent[0] if extent else None)
+    return ViewerApp([DirSource(directory, replay=replay)], bucket_ns=bucket_ns or b,
+                     window_ns=window_ns or w)  # fmt: skip
+
+
+def summarize_dir(directory: str | Path, window_ns: int | None = None) -> str:
+    """The dashboard as text for a trace dir (its last window), for --no-ui."""
+    directory = Path(directory)
+    extent = trace_extent(directory) if directory.is_dir() else None
+    b, w = choose_bucket(extent[1] - extent[0] if extent else None)
+    model = LiveModel(bucket_ns=b)
+    src, feed = DirSource(directory), SpanFeed()
+    src.poll(feed)
+    model.declare(src.manifests())
+    for batch in feed.drain():
+        model.ingest(batch)
+    snap = model.snapshot(window_ns or w or DEFAULT_BUCKET_NS * 100)
+    return summary_text(snap, derive_alerts(snap))
+
+
+def summary_text(snap: Snapshot, alerts: Sequence[Alert]) -> str:
+    """Plain lines: load per chip type, the busiest links, alerts, the slowest ops."""
+    if snap.empty:
+        return "no spans yet"
+    lines = [f"window {human_ns(snap.window_ns)} ending at the last span · "
+             f"{human_count(snap.spans_total)} spans seen · dropped {snap.dropped:,}", ""]  # fmt: skip
+    for t in CHIP_TYPES:
+        rows = snap.chips.get(t, [])
+        if not rows:
+            lines.append(f"  {t:<7} no chips")
+            continue
+        mean = sum(r.utilization for r in rows) / len(rows)
+        top = ", ".join(f"{r.id} {r.utilization:.0%}" for r in rows[:6])
+        lines.append(f"  {t:<7} {len(rows):>3} chips  avg {mean:4.0%}  ({top}{', …' if len(rows) > 6 else ''})")
+    if snap.links:
+        lines.append("")
+        busiest = sorted(snap.links, key=lambda r: -r.bytes_per_s)[:6]
+        for r in busiest:
+            sat = f"{r.saturation:.0%} of bandwidth" if r.saturation is not None else f"busy {r.utilization:.0%}"
+            lines.append(f"  {r.id:<28} {human_bytes_per_s(r.bytes_per_s)}  {sat}")
+    lines.append("")
+    lines += [f"  ALERT {a.severity}: {a.message}" for a in alerts] or ["  no bottleneck alerts"]
+    if snap.slowest:
+        lines.append("")
+        lines += [f"  slow  {s.name} on {s.where}: {human_ns(s.duration_ns)}" for s in snap.slowest[:5]]
+    return "\n".join(lines)

@@ -1,0 +1,403 @@
+"""The live model behind the dashboard: incremental, windowed accumulators over span batches.
+
+Every arriving Arrow batch is folded into per-chip and per-link busy-time (and bytes)
+accumulators laid on a ring of fixed-width time buckets, with NumPy: each span is clipped
+to the buckets it overlaps and its overlap added in. A snapshot then reads only the buckets
+of the window on screen, so a refresh costs O(window x chips), never O(spans stored).
+
+Busy time is the sum of span time per bucket, capped at the bucket width when shown: spans
+that overlap on one chip (two streams) count once the chip is full. This matches the store's
+``utilization()`` SQL macro when a chip's op spans do not overlap, which is what the emulator
+and most instrumented code produce.
+
+This module draws nothing and never imports Textual: the benchmark and tests use it alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from chiptrace.schema import CHIP_TYPES
+
+DEFAULT_BUCKET_NS = 10_000_000  # 10 ms: fine enough for a live rack, 8192 of them = 82 s
+DEFAULT_BUCKETS = 8192
+HISTORY_CELLS = 24
+SLOW_KEEP = 16  # slowest spans kept per batch; the window's slowest are among them
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesRow:
+    """One chip or link in a snapshot: utilization over the window and its history."""
+
+    id: str
+    type: str
+    utilization: float
+    history: np.ndarray  # fractions per history cell, oldest first; NaN before the data
+    bytes_per_s: float = 0.0
+    bandwidth: float | None = None
+    src: str | None = None
+    dst: str | None = None
+
+    @property
+    def saturation(self) -> float | None:
+        """Throughput over bandwidth, when the topology gave a bandwidth."""
+        return self.bytes_per_s / self.bandwidth if self.bandwidth else None
+
+
+@dataclass(frozen=True, slots=True)
+class SlowSpan:
+    """One of the slowest spans that ended inside the window."""
+
+    name: str
+    where: str
+    duration_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the dashboard draws, computed from the window's buckets only."""
+
+    since_ns: int
+    until_ns: int
+    window_ns: int
+    chips: dict[str, list[SeriesRow]]
+    links: list[SeriesRow]
+    slowest: list[SlowSpan]
+    spans_total: int
+    spans_per_s: float
+    dropped: int
+    head_ns: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return self.head_ns == 0
+
+
+class _Ring:
+    """Rows of accumulators over a ring of time buckets; grows a row per new key."""
+
+    def __init__(self, n_buckets: int) -> None:
+        self.keys: dict[Any, int] = {}
+        self.meta: list[dict[str, Any]] = []
+        self.busy = np.zeros((0, n_buckets))
+        self.bytes = np.zeros((0, n_buckets))
+
+    def row(self, key: Any, **meta: Any) -> int:
+        r = self.keys.get(key)
+        if r is None:
+            r = self.keys[key] = len(self.meta)
+            self.meta.append(dict(meta))
+            if r >= self.busy.shape[0]:  # double the rows: amortized O(1) per new key
+                grow = max(8, self.busy.shape[0])
+                pad = np.zeros((grow, self.busy.shape[1]))
+                self.busy = np.vstack([self.busy, pad])
+                self.bytes = np.vstack([self.bytes, pad])
+        else:
+            for k, v in meta.items():
+                if v is not None and self.meta[r].get(k) is None:
+                    self.meta[r][k] = v
+        return r
+
+
+def _strings(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str | None]]:
+    """(codes with -1 for null, dictionary values) of a string or dictionary column."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if not pa.types.is_dictionary(col.type):
+        col = col.dictionary_encode()
+    codes = col.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, col.dictionary.to_pylist()
+
+
+class LiveModel:
+    """Per-chip and per-link busy time per bucket, the slowest spans, ingest counters.
+
+    Thread-safe: `ingest` runs on a feed or poller thread, `snapshot` on the UI thread.
+
+    Args:
+        bucket_ns: bucket width; the finest time resolution the dashboard shows.
+        n_buckets: buckets kept; history older than bucket_ns * n_buckets is forgotten.
+    """
+
+    def __init__(self, bucket_ns: int = DEFAULT_BUCKET_NS, n_buckets: int = DEFAULT_BUCKETS) -> None:
+        self.bucket_ns = int(bucket_ns)
+        self.n_buckets = int(n_buckets)
+        self.chips = _Ring(self.n_buckets)
+        self.links = _Ring(self.n_buckets)
+        self.head = -1  # absolute index of the newest bucket with data
+        self.first = -1  # absolute index of the oldest bucket with data
+        self.head_ns = 0
+        self.spans_total = 0
+        self.dropped = 0
+        self._slow: collections.deque[tuple[int, list[SlowSpan]]] = collections.deque()
+        self._ingest_log: collections.deque[tuple[float, int]] = collections.deque()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ topology
+
+    def declare(self, manifests: Iterable[Mapping[str, Any]]) -> None:
+        """Add the chips and links a run manifest's topology declares, with bandwidths,
+        so an idle chip shows 0% instead of being missing."""
+        for m in manifests:
+            topo = m.get("topology") if isinstance(m, Mapping) else None
+            if not isinstance(topo, Mapping):
+                continue
+            with self._lock:
+                for cid, c in _items(topo.get("chips")):
+                    ctype = str(c.get("type") or c.get("chip_type") or cid.rsplit("/", 1)[-1].split(":")[0])
+                    if ctype in CHIP_TYPES:
+                        self.chips.row(cid, type=ctype)
+                for lid, lk in _items(topo.get("links")):
+                    bw = _bandwidth(lk)
+                    self.links.row(lid, type=lk.get("type") or lk.get("link_type") or lid.split(":")[0],
+                                   src=lk.get("src"), dst=lk.get("dst"), bandwidth=bw)  # fmt: skip
+
+    # ------------------------------------------------------------ ingest
+
+    def ingest(self, batch: pa.RecordBatch | pa.Table) -> None:
+        """Fold one batch of the span schema into the accumulators. Cost: O(rows)."""
+        n = batch.num_rows
+        if not n:
+            return
+        start = _ints(batch.column("start_ns"))
+        end = _ints(batch.column("end_ns"))
+        end = np.maximum(end, start)
+        with self._lock:
+            first = int(start.min()) // self.bucket_ns
+            self.first = first if self.first < 0 else min(self.first, first)
+            self._advance(int(end.max()))
+            self._ingest_chips(batch, start, end)
+            self._ingest_links(batch, start, end)
+            self._keep_slowest(batch, start, end)
+            self.spans_total += n
+            self._ingest_log.append((time.monotonic(), n))
+
+    def note_dropped(self, n: int) -> None:
+        """Count spans a source lost (a full feed queue, a manifest's spans_dropped)."""
+        with self._lock:
+            self.dropped += n
+
+    def _advance(self, max_end: int) -> None:
+        new_head = (max_end - 1) // self.bucket_ns
+        if self.head < 0:
+            self.head = new_head
+        elif new_head > self.head:
+            gap = new_head - self.head
+            if gap >= self.n_buckets:
+                self.chips.busy[:] = 0
+                self.links.busy[:] = 0
+                self.links.bytes[:] = 0
+            else:
+                slots = np.arange(self.head + 1, new_head + 1) % self.n_buckets
+                for a in (self.chips.busy, self.links.busy, self.links.bytes):
+                    a[:, slots] = 0
+            self.head = new_head
+        self.head_ns = max(self.head_ns, max_end)
+
+    def _ingest_chips(self, batch: pa.RecordBatch, start: np.ndarray, end: np.ndarray) -> None:
+        codes, values = _strings(batch.column("chip_id"))
+        tcodes, tvalues = _strings(batch.column("chip_type"))
+        kcodes, kvalues = _strings(batch.column("op_kind"))
+        idle = kvalues.index("idle") if "idle" in kvalues else -2
+        mask = (codes >= 0) & (kcodes != idle)
+        if not mask.any():
+            return
+        rows = np.full(len(values), -1, dtype=np.int64)
+        first_type = {}
+        for c, t in zip(codes[mask], tcodes[mask], strict=True):
+            first_type.setdefault(c, t)
+        for c, t in first_type.items():
+            cid = values[c]
+            ctype = tvalues[t] if t >= 0 else cid.rsplit("/", 1)[-1].split(":")[0]
+            if ctype in CHIP_TYPES:
+                rows[c] = self.chips.row(cid, type=ctype)
+        r = rows[np.where(mask, codes, 0)]
+        keep = mask & (r >= 0)
+        self._accumulate(self.chips.busy, r[keep], start[keep], end[keep])
+
+    def _ingest_links(self, batch: pa.RecordBatch, start: np.ndarray, end: np.ndarray) -> None:
+        codes, values = _strings(batch.column("link_id"))
+        mask = codes >= 0
+        if not mask.any():
+            return
+        tcodes, tvalues = _strings(batch.column("link_type"))
+        scodes, svalues = _strings(batch.column("link_src"))
+        dcodes, dvalues = _strings(batch.column("link_dst"))
+        # A link direction is its own resource (links are full duplex).
+        combo = np.stack([codes, scodes, dcodes], axis=1)[mask]
+        uniq, first, inverse = np.unique(combo, axis=0, return_index=True, return_inverse=True)
+        tmask = tcodes[mask]
+        rows = np.empty(len(uniq), dtype=np.int64)
+        for i, (c, s, d) in enumerate(uniq):
+            j = int(first[i])
+            lid = values[c]
+            src = svalues[s] if s >= 0 else None
+            dst = dvalues[d] if d >= 0 else None
+            key = lid if (src is None or _direction_in_id(lid, src, dst)) else f"{lid}>{dst}"
+            ltype = tvalues[tmask[j]] if tmask[j] >= 0 else lid.split(":")[0]
+            base = self.links.keys.get(lid)  # the other direction has the same bandwidth
+            bw = self.links.meta[base].get("bandwidth") if base is not None else None
+            rows[i] = self.links.row(key, type=ltype, src=src, dst=dst, bandwidth=bw)
+        r = rows[inverse.ravel()]
+        s, e = start[mask], end[mask]
+        nbytes = _ints(batch.column("op_bytes"), fill=0)[mask].astype(np.float64)
+        rate = nbytes / np.maximum(e - s, 1)  # bytes spread evenly over the transfer
+        self._accumulate(self.links.busy, r, s, e)
+        self._accumulate(self.links.bytes, r, s, e, rate, instant=nbytes)
+
+    def _accumulate(self, acc: np.ndarray, rows: np.ndarray, s: np.ndarray, e: np.ndarray,
+                    rate: np.ndarray | None = None, instant: np.ndarray | None = None) -> None:  # fmt: skip
+        """Add each span's overlap with each bucket (times rate) into acc[row, bucket]."""
+        b = self.bucket_ns
+        lo = (self.head - self.n_buckets + 1) * b
+        keep = e > lo
+        if instant is not None:  # zero-length transfers: all their bytes land in one bucket
+            zero = keep & (e == s)
+            if zero.any():
+                np.add.at(acc, (rows[zero], (s[zero] // b) % self.n_buckets), instant[zero])
+        keep &= e > s
+        if not keep.all():
+            rows, s, e = rows[keep], s[keep], e[keep]
+            rate = rate[keep] if rate is not None else None
+        s = np.maximum(s, lo)
+        b0 = s // b
+        k = (e - 1) // b - b0 + 1
+        if (k == 1).all():  # the common case: a span within one bucket
+            vals = (e - s).astype(np.float64)
+            np.add.at(acc, (rows, b0 % self.n_buckets), vals * rate if rate is not None else vals)
+            return
+        idx = np.repeat(b0, k) + (np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k))
+        over = np.minimum(np.repeat(e, k), (idx + 1) * b) - np.maximum(np.repeat(s, k), idx * b)
+        vals = over.astype(np.float64)
+        if rate is not None:
+            vals *= np.repeat(rate, k)
+        np.add.at(acc, (np.repeat(rows, k), idx % self.n_buckets), vals)
+
+    def _keep_slowest(self, batch: pa.RecordBatch, start: np.ndarray, end: np.ndarray) -> None:
+        # Ops only: spans on a chip or link (a root span is as long as its whole step).
+        on = batch.column("chip_id").is_valid().to_numpy(zero_copy_only=False) | batch.column(
+            "link_id").is_valid().to_numpy(zero_copy_only=False)  # fmt: skip
+        dur = np.where(on, end - start, -1)
+        top = np.argsort(dur)[-SLOW_KEEP:][::-1]
+        top = top[dur[top] >= 0]
+        if not len(top):
+            return
+        names = batch.column("name").take(pa.array(top)).to_pylist()
+        chips = batch.column("chip_id").take(pa.array(top)).to_pylist()
+        links = batch.column("link_id").take(pa.array(top)).to_pylist()
+        spans = [
+            SlowSpan(str(n), c or lk or "-", int(dur[i]), int(end[i]))
+            for n, c, lk, i in zip(names, chips, links, top, strict=True)
+        ]
+        self._slow.append((int(end.max()), spans))
+        horizon = (self.head - self.n_buckets) * self.bucket_ns
+        while self._slow and self._slow[0][0] < horizon:
+            self._slow.popleft()
+
+    # ------------------------------------------------------------ snapshot
+
+    def snapshot(self, window_ns: int, cells: int = HISTORY_CELLS) -> Snapshot:
+        """Utilization over the latest `window_ns` (bucket-aligned), plus `cells` earlier
+        windows of history, the window's slowest spans and the ingest rate."""
+        with self._lock:
+            return self._snapshot(window_ns, cells)
+
+    def _snapshot(self, window_ns: int, cells: int) -> Snapshot:
+        b = self.bucket_ns
+        wb = int(min(max(1, window_ns // b), self.n_buckets))
+        cells = max(1, min(cells, self.n_buckets // wb))
+        head = max(self.head, 0)
+        since = (head - wb + 1) * b
+        until = max(min((head + 1) * b, self.head_ns), since + 1)
+        first = head - cells * wb + 1
+        idx = np.arange(first, head + 1)
+        slots = idx % self.n_buckets
+        valid = (idx > self.head - self.n_buckets) & (idx >= self.first)  # held, with data
+        span_ns = np.full(cells, float(wb * b))
+        span_ns[-1] = until - since  # the newest window is only partly elapsed
+
+        def series(acc: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+            per = acc[:n][:, slots] * valid
+            per = np.minimum(per, b) if acc is not self.links.bytes else per
+            hist = per.reshape(n, cells, wb).sum(axis=2) / span_ns
+            hist[:, ~valid.reshape(cells, wb).any(axis=1)] = np.nan
+            return hist[:, -1] if n else np.zeros(0), hist
+
+        nc, nl = len(self.chips.meta), len(self.links.meta)
+        cu, ch = series(self.chips.busy, nc)
+        lu, lh = series(self.links.busy, nl)
+        lb, _ = series(self.links.bytes, nl)
+        chips: dict[str, list[SeriesRow]] = {t: [] for t in CHIP_TYPES}
+        for cid, r in sorted(self.chips.keys.items(), key=lambda kv: _natural(kv[0])):
+            chips[self.chips.meta[r]["type"]].append(
+                SeriesRow(cid, self.chips.meta[r]["type"], float(np.clip(cu[r], 0, 1)), np.clip(ch[r], 0, 1)))
+        links = []
+        for lid, r in sorted(self.links.keys.items(), key=lambda kv: _natural(kv[0])):
+            m = self.links.meta[r]
+            links.append(SeriesRow(lid, str(m.get("type")), float(np.clip(lu[r], 0, 1)), np.clip(lh[r], 0, 1),
+                                   bytes_per_s=float(lb[r]) * 1e9, bandwidth=m.get("bandwidth"),
+                                   src=m.get("src"), dst=m.get("dst")))  # fmt: skip
+        return Snapshot(since, until, wb * b, chips, links, self._slowest(since), self.spans_total,
+                        self._rate(), self.dropped, self.head_ns if self.head >= 0 else 0)  # fmt: skip
+
+    def _slowest(self, since: int, n: int = 10) -> list[SlowSpan]:
+        pool = [s for end, spans in reversed(self._slow) if end > since for s in spans if s.end_ns > since]
+        return sorted(pool, key=lambda s: -s.duration_ns)[:n]
+
+    def _rate(self, horizon_s: float = 2.0) -> float:
+        now = time.monotonic()
+        while self._ingest_log and self._ingest_log[0][0] < now - horizon_s:
+            self._ingest_log.popleft()
+        return sum(n for _, n in self._ingest_log) / horizon_s
+
+
+def _ints(col: pa.Array | pa.ChunkedArray, fill: int | None = None) -> np.ndarray:
+    if fill is not None:
+        col = col.fill_null(fill)
+    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) if isinstance(
+        col, pa.Array) else np.asarray(col.to_numpy(), dtype=np.int64)  # fmt: skip
+
+
+def _items(section: Any) -> list[tuple[str, Mapping[str, Any]]]:
+    if isinstance(section, Mapping):
+        return [(str(v.get("id") or k), v) for k, v in section.items() if isinstance(v, Mapping)]
+    if isinstance(section, list):
+        return [(str(v.get("id") or v.get("link_id") or v.get("chip_id")), v)
+                for v in section if isinstance(v, Mapping) and (v.get("id") or v.get("link_id") or v.get("chip_id"))]  # fmt: skip
+    return []
+
+
+_BW_KEYS = {"bandwidth_Bps": 1.0, "bandwidth_bytes_per_s": 1.0, "bandwidth_GBps": 1e9,
+            "bandwidth_bps": 1 / 8, "bandwidth": 1.0}  # fmt: skip
+
+
+def _bandwidth(link: Mapping[str, Any]) -> float | None:
+    """Bytes/s per direction from a manifest link entry (lenient about the key's unit)."""
+    for k, mult in _BW_KEYS.items():
+        v = link.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return float(v) * mult
+    return None
+
+
+def _direction_in_id(link_id: str, src: str, dst: str | None) -> bool:
+    """True when the link id already names this direction (`TYPE:SRC-DST`)."""
+    route = link_id.partition(":")[2]
+    return route in (f"{src}-{dst}", f"{src}->{dst}")
+
+
+def _natural(key: str) -> tuple:
+    """gpu:2 before gpu:10."""
+    import re
+
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key))

@@ -1,0 +1,149 @@
+"""DuckDB over the live store for the explorer and the SQL console (no drawing here).
+
+One connection per viewer, guarded by a lock (DuckDB connections are not for concurrent
+use from several threads); its views are re-pointed at the parts on disk whenever new parts
+have landed, so every query sees the store as it is now. Callers run these from thread
+workers: a query over millions of spans takes a while.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from chiptrace import query
+from chiptrace.errors import StoreError
+from chiptrace.store import part_files
+
+TRACE_LIST_SQL = """
+SELECT lower(hex(trace_id)) AS trace_id,
+       arg_min(name, start_ns) FILTER (WHERE parent_span_id IS NULL) AS root,
+       count(*) AS spans, min(start_ns) AS start_ns, max(end_ns) - min(start_ns) AS duration_ns
+FROM spans_raw GROUP BY trace_id ORDER BY min(start_ns) DESC LIMIT {limit}
+"""
+
+TRACE_SPANS_SQL = """
+SELECT span_id, parent_span_id, trace_id, name, start_ns, end_ns, duration_ns, chip_id, chip_type,
+       link_id, link_type, link_src, link_dst, op_kind, op_bytes, op_flops, op_precision,
+       status_code, status_message, service, host, pid, attributes, events, links
+FROM spans WHERE trace_id = '{trace_id}' ORDER BY start_ns
+"""
+
+
+class LiveStore:
+    """A DuckDB connection over a trace dir that keeps up with new parts.
+
+    Args:
+        directory: the trace dir (may be empty at first).
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self._lock = threading.Lock()
+        self._parts: list[Path] | None = None
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    def _connection(self) -> duckdb.DuckDBPyConnection:
+        if self._con is None:
+            if not self.directory.is_dir():
+                raise StoreError(f"trace dir {str(self.directory)!r} does not exist yet")
+            self._con = query.connect(self.directory, allow_empty=True)
+            self._parts = part_files(self.directory)
+        parts = part_files(self.directory)
+        if parts != self._parts:  # new parts landed: one CREATE VIEW, no data read
+            query.attach_views(self._con, parts)
+            self._parts = parts
+        return self._con
+
+    def sql(self, text: str) -> pa.Table:
+        """Run SQL against the store as it is now.
+
+        Raises:
+            QueryError: DuckDB rejected the SQL.
+            StoreError: the directory does not exist.
+        """
+        with self._lock:
+            return query.run_sql(self._connection(), text)
+
+    def traces(self, limit: int = 500) -> pa.Table:
+        """The newest traces (steps): id, root span name, span count, start, duration."""
+        return self.sql(TRACE_LIST_SQL.format(limit=int(limit)))
+
+    def trace_spans(self, trace_id: str) -> pa.Table:
+        """Every span of one trace, by start time."""
+        if not all(c in "0123456789abcdef" for c in trace_id):
+            raise StoreError(f"trace id {trace_id!r}: expected lowercase hex")
+        return self.sql(TRACE_SPANS_SQL.format(trace_id=trace_id))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+
+
+def critical_span_ids(spans: pa.Table) -> set[str]:
+    """Span ids on the trace's critical path (the analysis package's walk when present)."""
+    if not spans.num_rows:
+        return set()
+    try:
+        from chiptrace.analysis.critical_path import critical_path
+    except ImportError:
+        return _last_predecessor_path(spans)
+    rows = spans.to_pylist()
+    return {seg.span_id for seg in critical_path(rows).segments if seg.span_id}
+
+
+def _last_predecessor_path(spans: pa.Table) -> set[str]:
+    """Fallback: from the last leaf to finish, step back to the chip/link span that ended
+    last before the current one started. O(path x log n)."""
+    on = np.array([(c is not None) or (lk is not None) for c, lk in
+                   zip(spans["chip_id"].to_pylist(), spans["link_id"].to_pylist(), strict=True)])  # fmt: skip
+    if not on.any():
+        return set()
+    idx = np.flatnonzero(on)
+    start = spans["start_ns"].to_numpy()[idx]
+    end = spans["end_ns"].to_numpy()[idx]
+    order = np.argsort(end, kind="stable")
+    ends = end[order]
+    ids = spans["span_id"].to_pylist()
+    path: set[str] = set()
+    cur = int(order[-1])
+    while True:
+        path.add(ids[int(idx[cur])])
+        k = int(np.searchsorted(ends, start[cur], side="right")) - 1
+        if k < 0:
+            return path
+        cur = int(order[k])
+        if ids[int(idx[cur])] in path:
+            return path
+
+
+def span_details(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, value) pairs of one span for the detail pane: columns, then attributes."""
+    import json
+
+    out = []
+    for k, v in row.items():
+        if v is None or k in ("attributes", "events", "links", "_critical"):
+            continue
+        out.append((k, str(v)))
+    for k in ("attributes", "events", "links"):
+        raw = row.get(k)
+        if not raw or raw in ("{}", "[]"):
+            continue
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            out.append((k, str(raw)))
+            continue
+        if isinstance(parsed, dict):
+            out.extend((a if k == "attributes" else f"{k}.{a}", str(v)) for a, v in parsed.items())
+        else:
+            out.append((k, json.dumps(parsed)[:400]))
+    return out

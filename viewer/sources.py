@@ -1,0 +1,190 @@
+"""Where the viewer's spans come from: an in-process feed, a trace dir, or OTLP/HTTP.
+
+Every source hands Arrow batches of the span schema to the app through one `SpanFeed`, a
+bounded, thread-safe queue that is also a recorder `SpanSink`. The app's ingest worker
+polls the sources and drains the feed into the live model, off the UI thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from chiptrace.errors import StoreError
+from chiptrace.schema import SPAN_SCHEMA
+from chiptrace.store import check_part, part_files, read_manifests
+
+log = logging.getLogger("chiptrace")
+
+
+class SpanFeed:
+    """A bounded queue of span batches; a `chiptrace.recorder.SpanSink`.
+
+    `write` never blocks the producer (the recorder's writer thread, the emulator, an HTTP
+    handler): past `max_spans` queued it drops the batch and counts it, as the recorder
+    does, so a slow screen cannot stall a workload.
+    """
+
+    def __init__(self, max_spans: int = 2_000_000) -> None:
+        self.max_spans = max_spans
+        self.dropped = 0
+        self.received = 0
+        self.closed = False
+        self._queue: collections.deque[pa.RecordBatch] = collections.deque()
+        self._queued = 0
+        self._lock = threading.Lock()
+
+    def write(self, batch: pa.RecordBatch | pa.Table) -> None:
+        """Queue a batch (thread-safe); drops and counts it when the queue is full."""
+        with self._lock:
+            if self._queued + batch.num_rows > self.max_spans:
+                self.dropped += batch.num_rows
+                return
+            self._queue.append(batch)
+            self._queued += batch.num_rows
+            self.received += batch.num_rows
+
+    def drain(self) -> list[pa.RecordBatch]:
+        """Everything queued, oldest first."""
+        with self._lock:
+            out = list(self._queue)
+            self._queue.clear()
+            self._queued = 0
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Source(Protocol):
+    """A poller the ingest worker calls a few times a second."""
+
+    name: str
+    store_dir: Path | None
+
+    def poll(self, feed: SpanFeed) -> None:
+        """Push whatever is new into `feed` (cheap when nothing changed)."""
+
+    def manifests(self) -> list[dict[str, Any]]:
+        """Run manifests known so far (topology, drop counts)."""
+
+    def stop(self) -> None: ...
+
+
+def read_part(path: Path) -> pa.Table | None:
+    """One part as a span table, or None (with a warning) when it cannot be read."""
+    try:
+        if check_part(path):
+            log.warning("chiptrace: skipping unreadable part %s", path)
+            return None
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        log.warning("chiptrace: skipping part %s: %s", path, e)
+        return None
+    missing = [f for f in SPAN_SCHEMA if f.name not in table.column_names]
+    for f in missing:  # an older part without a newer nullable column
+        table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table.select(SPAN_SCHEMA.names)
+
+
+class DirSource:
+    """Follows a trace directory: each poll reads only the parts that appeared since.
+
+    Args:
+        directory: the trace dir (it may not exist yet: a run about to start).
+        replay: None to show parts as they land; a speed (1.0 = real time) to replay a
+            finished trace's spans in the order they ended, paced to wall time.
+    """
+
+    def __init__(self, directory: str | Path, replay: float | None = None) -> None:
+        self.store_dir = Path(directory)
+        self.name = str(directory)
+        if self.store_dir.exists() and not self.store_dir.is_dir():
+            raise StoreError(f"{directory}: expected a trace directory, not a file")
+        self.replay = replay
+        self._seen: set[Path] = set()
+        self._manifests: list[dict[str, Any]] = []
+        self._manifest_at = 0.0
+        self._pending: pa.Table | None = None  # replay: spans not yet shown
+        self._t0_data = 0
+        self._t0_wall = 0.0
+
+    def poll(self, feed: SpanFeed) -> None:
+        new = [p for p in part_files(self.store_dir) if p not in self._seen]
+        tables = []
+        for path in new:
+            self._seen.add(path)
+            t = read_part(path)
+            if t is not None and t.num_rows:
+                tables.append(t)
+        if self.replay is None:
+            for t in tables:
+                for b in t.to_batches(max_chunksize=256_000):
+                    feed.write(b)
+        else:
+            self._replay(tables, feed)
+
+    def _replay(self, tables: list[pa.Table], feed: SpanFeed) -> None:
+        if tables:
+            merged = pa.concat_tables(([self._pending] if self._pending is not None else []) + tables)
+            merged = merged.unify_dictionaries().combine_chunks()
+            merged = merged.take(pc.sort_indices(merged, [("end_ns", "ascending")]))
+            if self._pending is None:
+                self._t0_data = int(pc.min(merged["start_ns"]).as_py())
+                self._t0_wall = time.monotonic()
+            self._pending = merged
+        if self._pending is None or not self._pending.num_rows:
+            return
+        now = self._t0_data + int((time.monotonic() - self._t0_wall) * 1e9 * self.replay)
+        ends = self._pending["end_ns"].to_numpy()
+        n = int(ends.searchsorted(now, side="right"))
+        if n:
+            for b in self._pending.slice(0, n).to_batches(max_chunksize=256_000):
+                feed.write(b)
+            self._pending = self._pending.slice(n)
+
+    def manifests(self) -> list[dict[str, Any]]:
+        if time.monotonic() - self._manifest_at > 1.0:  # writers update these once a flush
+            self._manifests = read_manifests([self.store_dir]) if self.store_dir.is_dir() else []
+            self._manifest_at = time.monotonic()
+        return self._manifests
+
+    def stop(self) -> None:
+        pass
+
+
+class FeedSource:
+    """An in-process producer (the emulator, a recorder) writing into the app's feed.
+
+    Args:
+        store_dir: where the producer also stores its parts (for SQL and the explorer).
+        manifests: run manifests (topology) the producer knows up front.
+    """
+
+    def __init__(self, store_dir: str | Path | None = None, manifests: Iterable[dict] = (),
+                 name: str = "in-process feed") -> None:  # fmt: skip
+        self.store_dir = Path(store_dir) if store_dir else None
+        self.name = name
+        self._manifests = list(manifests)
+
+    def poll(self, feed: SpanFeed) -> None:
+        pass  # the producer writes into the feed itself
+
+    def manifests(self) -> list[dict[str, Any]]:
+        if self.store_dir is not None and self.store_dir.is_dir():
+            on_disk = read_manifests([self.store_dir])
+            if on_disk:
+                return self._manifests + on_disk
+        return self._manifests
+
+    def stop(self) -> None:
+        pass

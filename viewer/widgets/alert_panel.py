@@ -1,0 +1,29 @@
+"""Live bottleneck alerts, most severe first."""
+
+from __future__ import annotations
+
+from chiptrace.viewer.alerts import Alert
+from textual.markup import escape
+from textual.widgets import Static
+
+_STYLE = {"high": "$error", "medium": "$warning", "low": "$text-muted", "info": "$text-muted"}
+
+
+class AlertPanel(Static):
+    """One line per alert; says so when nothing stands out."""
+
+    def on_mount(self) -> None:
+        self.border_title = "ALERTS"
+
+    def show(self, alerts: list[Alert]) -> None:
+        self.set_class(bool(alerts), "-alerting")
+        if not alerts:
+            self.update("[$success]no bottleneck in this window[/]")
+            return
+        lines = [
+            f"[b {_STYLE.get(a.severity, '')}]{a.severity[:4].upper():<4}[/] {escape(a.message)}"
+            for a in alerts[:8]
+        ]
+        if len(alerts) > 8:
+            lines.append(f"[$text-muted]… {len(alerts) - 8} more[/]")
+        self.update("\n".join(lines))

@@ -1,0 +1,39 @@
+"""The live dashboard: status line, a panel per chip type, links, alerts, slowest ops."""
+
+from __future__ import annotations
+
+from chiptrace.viewer.alerts import Alert
+from chiptrace.viewer.model import Snapshot
+from chiptrace.viewer.widgets.alert_panel import AlertPanel
+from chiptrace.viewer.widgets.chip_panel import ChipTypePanel
+from chiptrace.viewer.widgets.link_panel import LinkPanel
+from chiptrace.viewer.widgets.slow_ops import SlowOpsPanel
+from chiptrace.viewer.widgets.status_bar import StatusBar
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+
+from chiptrace.schema import CHIP_TYPES
+
+
+class Dashboard(Vertical):
+    """Draws a Snapshot; holds no state of its own."""
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar("waiting for spans…", id="status")
+        with Horizontal(id="dash-body"):
+            with VerticalScroll(id="chips-column"):
+                for t in CHIP_TYPES:
+                    yield ChipTypePanel(t)
+            with VerticalScroll(id="side-column"):
+                yield AlertPanel("", id="alerts")
+                yield LinkPanel("", id="links")
+                yield SlowOpsPanel("", id="slowest")
+
+    def show(self, snap: Snapshot, alerts: list[Alert], source: str, paused: bool) -> None:
+        """Redraw every panel from one snapshot."""
+        self.query_one(StatusBar).show(snap, source, paused)
+        for panel in self.query(ChipTypePanel):
+            panel.show(snap.chips.get(panel.chip_type, []))
+        self.query_one(LinkPanel).show(snap.links)
+        self.query_one(AlertPanel).show(alerts)
+        self.query_one(SlowOpsPanel).show(snap.slowest)
