@@ -92,3 +92,64 @@ def summarize(con: Any, since_ns: int = 0, until_ns: int | None = None) -> RunSu
     ):
         out.gpus.append(GpuFigures(*row))
     return out
+
+
+# Mean and peak of every utilization-like series per real chip: the rows a report or the
+# viewer puts beside the emulated chips' span-derived utilization.
+CHIP_UTILIZATION = """
+SELECT host, chip_id, any_value(chip_type) AS chip_type, any_value(device) AS device,
+       any_value(source) AS source, metric,
+       avg(value) AS mean, max(value) AS peak, count(*) AS samples,
+       min(ts_ns) AS first_ns, max(ts_ns) AS last_ns
+FROM metrics
+WHERE chip_id IS NOT NULL AND metric IN ('cpu.util', 'gpu.util', 'gpu.mem_util')
+  AND ts_ns BETWEEN ? AND ?
+GROUP BY host, chip_id, metric
+ORDER BY host, chip_type, chip_id, metric
+"""
+
+
+def chip_utilization(con: Any, since_ns: int = 0, until_ns: int | None = None) -> Any:
+    """Per real chip and utilization metric: mean and peak percent, sample count.
+
+    Args:
+        con: a connection from `chiptrace.connect`.
+        since_ns, until_ns: the time window (Unix ns); default all samples.
+
+    Returns:
+        An Arrow table: host, chip_id, chip_type, device, source ('real'), metric
+        (cpu.util, gpu.util, gpu.mem_util), mean, peak, samples, first_ns, last_ns.
+    """
+    until = until_ns if until_ns is not None else 2**63 - 1
+    return con.sql(CHIP_UTILIZATION, params=[since_ns, until]).to_arrow_table()
+
+
+# Measured utilization in the shape of the span-derived `utilization(window_ms)` macro
+# (window, window_start_ns, chip_id, chip_type, utilization as a 0-1 fraction), so a report
+# or the viewer can UNION the real chips under the emulated ones.
+HOST_UTILIZATION = """
+WITH t AS (SELECT coalesce(CAST(? AS BIGINT), min(ts_ns)) AS t0,
+                  greatest(CAST(? * 1e6 AS BIGINT), 1) AS w FROM metrics)
+SELECT (m.ts_ns - t.t0) // t.w AS "window", t.t0 + (m.ts_ns - t.t0) // t.w * t.w AS window_start_ns,
+       m.chip_id, any_value(m.chip_type) AS chip_type, avg(m.value) / 100 AS utilization,
+       any_value(m.source) AS source, m.host
+FROM metrics m, t
+WHERE m.metric IN ('cpu.util', 'gpu.util') AND m.chip_id IS NOT NULL AND m.ts_ns >= t.t0
+GROUP BY ALL ORDER BY "window", m.host, m.chip_id
+"""
+
+
+def host_utilization(con: Any, window_ms: float, t0_ns: int | None = None) -> Any:
+    """Measured CPU and GPU utilization per chip and time window.
+
+    Args:
+        con: a connection from `chiptrace.connect`.
+        window_ms: window length in milliseconds.
+        t0_ns: start of window 0 (Unix ns); pass the span extent's start to line the
+            windows up with `utilization(window_ms)`. Default: the first sample.
+
+    Returns:
+        An Arrow table: window, window_start_ns, chip_id, chip_type, utilization (0-1),
+        source ('real'), host.
+    """
+    return con.sql(HOST_UTILIZATION, params=[t0_ns, window_ms]).to_arrow_table()

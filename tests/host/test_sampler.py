@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -30,32 +31,47 @@ def _mean(rows: list[dict], t0: int, t1: int) -> float:
     return sum(vals) / len(vals)
 
 
-def _burn_contrast(tmp: Path, cpu: int) -> tuple[float, float]:
-    """Mean utilization of `cpu` while idle, then while a child pinned to it spins."""
+def _reference_util(before: list, after: list) -> list[float]:
+    """Per-CPU busy percent from two psutil readings taken by the test itself."""
+    out = []
+    for a, b in zip(before, after, strict=True):
+        total = sum(b) - sum(a)
+        idle = (b.idle + getattr(b, "iowait", 0)) - (a.idle + getattr(a, "iowait", 0))
+        out.append(100 * (total - idle) / total if total > 0 else 0.0)
+    return out
+
+
+def _burn_contrast(tmp: Path) -> tuple[float, float, float]:
+    """(reference idle %, sampled idle %, sampled burn %) of the quietest CPU, which a
+    child then spins on (pinned where the OS allows)."""
     with HostSampler(tmp, interval=0.05, nvml=False) as s:
         assert s.wait_ready()
-        t0 = time.time_ns()
+        t0, ref0 = time.time_ns(), psutil.cpu_times(percpu=True)
         time.sleep(0.8)
-        t1 = time.time_ns()
+        t1, ref1 = time.time_ns(), psutil.cpu_times(percpu=True)
+        ref = _reference_util(ref0, ref1)
+        cpu = min(range(len(ref)), key=ref.__getitem__)
         pin = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\n" if PIN else ""
         subprocess.run([sys.executable, "-c", pin + BURN.format(s=1.2)], check=True)
         t2 = time.time_ns()
     rows = metric_rows(tmp, f"metric = 'cpu.util' AND chip_id = 'cpu:{cpu}'")
     # skip the first and last 0.2 s of the burn: process start-up and the sampling window edges
-    return _mean(rows, t0, t1), _mean(rows, t1 + 200_000_000, t2 - 200_000_000)
+    return ref[cpu], _mean(rows, t0, t1), _mean(rows, t1 + 200_000_000, t2 - 200_000_000)
 
 
 def test_cpu_burn_in_child_shows_as_higher_utilization(tmp_path: Path) -> None:
-    # The box is shared: another process may load our CPU during the idle window, so a
-    # contrast in any of three tries passes; a sampler that cannot see load fails all three.
-    tries = []
-    for i in range(3):
-        idle, busy = _burn_contrast(tmp_path / f"try{i}", cpu=0)
-        tries.append((round(idle, 1), round(busy, 1)))
-        if busy > 60 and busy > idle + 20:
-            break
-    else:
-        pytest.fail(f"no CPU contrast (idle %, burn %) per try: {tries}")
+    # The box is shared: when other processes keep every CPU busy (by the test's own
+    # psutil reading) there is no contrast to see, so try again; a quiet window must show it.
+    seen = []
+    for i in range(5):
+        ref_idle, idle, busy = _burn_contrast(tmp_path / f"try{i}")
+        seen.append((round(ref_idle), round(idle), round(busy)))
+        if ref_idle > 70:
+            continue
+        assert abs(idle - ref_idle) < 30, f"sampled idle {idle:.0f}% vs measured {ref_idle:.0f}%"
+        assert busy > 60 and busy > idle + 20, f"(reference idle, idle, burn) %: {seen}"
+        return
+    pytest.skip(f"every CPU busy with other work in each try (reference idle, idle, burn): {seen}")
 
 
 def test_loopback_bytes_show_on_lo(tmp_path: Path) -> None:
@@ -195,3 +211,25 @@ def test_stop_is_idempotent_and_thread_ends(tmp_path: Path) -> None:
     s.stop()
     assert not s.running
     assert not any(t.name == "chiptrace-sampler" and t.is_alive() for t in threading.enumerate())
+
+
+def test_chip_utilization_lists_every_real_cpu(tmp_path: Path) -> None:
+    import psutil
+
+    from chiptrace.host.summary import chip_utilization, host_utilization, summarize
+
+    with HostSampler(tmp_path, interval=0.02, nvml=False) as s:
+        s.wait_ready()
+        time.sleep(0.2)
+    con = chiptrace.connect(tmp_path)
+    rows = chip_utilization(con).to_pylist()
+    assert [r["chip_id"] for r in rows] == [f"cpu:{i}" for i in range(psutil.cpu_count())]
+    assert all(r["source"] == "real" and 0 <= r["mean"] <= r["peak"] <= 100 for r in rows)
+    summary = summarize(con)
+    assert summary.cpus == psutil.cpu_count() and summary.samples > 0
+    assert summary.spans == 0 and summary.top_nic is not None
+    assert chip_utilization(con, since_ns=2**62).num_rows == 0
+    windows = host_utilization(con, 50).to_pylist()
+    assert {r["chip_id"] for r in windows} == {f"cpu:{i}" for i in range(psutil.cpu_count())}
+    assert windows[0]["window"] == 0 and all(0 <= r["utilization"] <= 1 for r in windows)
+    assert max(r["window"] for r in windows) >= 2  # 0.2 s of samples in 50 ms windows
