@@ -30,6 +30,7 @@ _T_KIND, _T_START, _T_END, _T_ATTR = b"\x30", b"\x39", b"\x41", b"\x4a"
 _T_EVENT, _T_LINK, _T_STATUS, _T_FLAGS = b"\x5a", b"\x6a", b"\x7a", b"\x85\x01"
 # Span.flags: W3C "sampled" plus bit 8, "the is-remote bit is known" (the parent is local).
 _SPAN_FLAGS = 0x101
+_LINK_FLAGS = b"\x35\x00\x01\x00\x00"  # Link.flags (fixed32) = 0x100: the linked span is local
 
 _STRING_ATTRS = tuple(c for c in COLUMN_ATTRIBUTES if c not in ("op_bytes", "op_flops"))
 _INT_ATTRS = ("op_bytes", "op_flops")
@@ -40,6 +41,7 @@ _FIXED = np.dtype(
         ("t2", "u1"), ("l2", "u1"), ("span_id", "V8"),
         ("t7", "u1"), ("start", "<u8"), ("t8", "u1"), ("end", "<u8"),
         ("t16", "V2"), ("flags", "<u4"),
+        ("t4", "u1"), ("l4", "u1"), ("parent", "V8"),  # last: cut off when there is no parent
     ]
 )  # fmt: skip
 
@@ -90,29 +92,29 @@ def _dict_pieces(arr: pa.Array, encode: Any) -> list[bytes]:
 
 
 def _fixed_pieces(batch: pa.RecordBatch | pa.Table) -> list[bytes]:
-    """trace id, span id, start, end and flags: fixed width, so built as one NumPy buffer."""
+    """Ids, times and flags: fixed width, so built as one NumPy buffer and sliced per row.
+
+    The parent id comes last in each record, so a root span's slice just stops before it.
+    """
     n = batch.num_rows
     rec = np.zeros(n, dtype=_FIXED)
     rec["t1"], rec["l1"], rec["t2"], rec["l2"] = 0x0A, 16, 0x12, 8
-    rec["t7"], rec["t8"] = 0x39, 0x41
+    rec["t7"], rec["t8"], rec["t4"], rec["l4"] = 0x39, 0x41, 0x22, 8
     rec["t16"] = np.frombuffer(b"\x85\x01", dtype="V2")[0]
     rec["flags"] = _SPAN_FLAGS
     rec["trace_id"] = _fixed_bytes(_column(batch, "trace_id"), 16).view("V16").ravel()
     rec["span_id"] = _fixed_bytes(_column(batch, "span_id"), 8).view("V8").ravel()
     rec["start"] = _column(batch, "start_ns").to_numpy(zero_copy_only=False).view(np.uint64)
     rec["end"] = _column(batch, "end_ns").to_numpy(zero_copy_only=False).view(np.uint64)
+    parent = _column(batch, "parent_span_id")
+    rec["parent"] = _fixed_bytes(parent, 8).view("V8").ravel()
     buf = rec.tobytes()
     w = _FIXED.itemsize
-    return [buf[i : i + w] for i in range(0, n * w, w)]
-
-
-def _parent_pieces(batch: pa.RecordBatch | pa.Table) -> list[bytes]:
-    arr = _column(batch, "parent_span_id")
-    if arr.null_count == len(arr):
-        return [b""] * len(arr)
-    raw = _fixed_bytes(arr, 8).tobytes()
-    valid = arr.is_valid().to_numpy(zero_copy_only=False).tolist()
-    return [b'"\x08' + raw[i * 8 : i * 8 + 8] if v else b"" for i, v in enumerate(valid)]
+    starts = np.arange(0, n * w, w, dtype=np.int64)
+    ends = starts + w
+    if parent.null_count:
+        ends -= 10 * (~parent.is_valid().to_numpy(zero_copy_only=False))
+    return [buf[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
 def _small_int_pieces(arr: pa.Array, tag_byte: bytes) -> list[bytes]:
@@ -123,15 +125,21 @@ def _small_int_pieces(arr: pa.Array, tag_byte: bytes) -> list[bytes]:
 
 
 def _int_attr_pieces(arr: pa.Array, key: str) -> list[bytes]:
+    """An int64 attribute column: each distinct value encodes once (op sizes repeat)."""
     prefix = field(b"\x0a", key.encode()) + b"\x12"
-    out: list[bytes] = []
-    for v in arr.to_pylist():
-        if v is None:
-            out.append(b"")
-        else:
-            kv = prefix + field(b"", b"\x18" + varint(v))
-            out.append(_T_ATTR + length(len(kv)) + kv)
-    return out
+    if arr.null_count == len(arr):
+        return [b""] * len(arr)
+    values = arr.fill_null(0).to_numpy(zero_copy_only=False)
+    uniq, inverse = np.unique(values, return_inverse=True)
+    table = []
+    for v in uniq.tolist():
+        value = b"\x18" + varint(v)
+        kv = prefix + length(len(value)) + value
+        table.append(_T_ATTR + length(len(kv)) + kv)
+    table.append(b"")
+    if arr.null_count:
+        inverse = np.where(arr.is_valid().to_numpy(zero_copy_only=False), inverse, len(uniq))
+    return [table[i] for i in inverse.tolist()]
 
 
 def _attr_field(key: str, value: Any) -> bytes:
@@ -139,15 +147,10 @@ def _attr_field(key: str, value: Any) -> bytes:
 
 
 def _json_pieces(arr: pa.Array, encode: Any) -> list[bytes]:
-    """A JSON text column: equal texts (common for static attributes) encode once."""
-    cache: dict[str | None, bytes] = {None: b""}
-    out = []
-    for text in arr.to_pylist():
-        piece = cache.get(text)
-        if piece is None:
-            piece = cache[text] = encode(json.loads(text)) if text else b""
-        out.append(piece)
-    return out
+    """A JSON text column: each distinct text (static attributes repeat) decodes once."""
+    if arr.null_count == len(arr):
+        return [b""] * len(arr)
+    return _dict_pieces(arr, lambda text: encode(json.loads(text)) if text else b"")
 
 
 def _encode_attributes(attrs: Any) -> bytes:
@@ -170,22 +173,28 @@ def _encode_links(links: Any) -> bytes:
         body = field(b"\x0a", bytes.fromhex(lk["trace_id"])) + field(b"\x12", bytes.fromhex(lk["span_id"]))
         if lk.get("trace_state"):
             body += field(b"\x1a", str(lk["trace_state"]).encode())
-        body += key_values(lk.get("attributes") or {}, b"\x22")
+        body += key_values(lk.get("attributes") or {}, b"\x22") + _LINK_FLAGS
         out.append(field(_T_LINK, body))
     return b"".join(out)
 
 
+def _status_piece(code: int | None, msg: str | None) -> bytes:
+    body = (field(b"\x12", msg.encode()) if msg else b"") + (b"\x18" + varint(code) if code else b"")
+    return field(_T_STATUS, body)  # present even when empty, as the SDK does
+
+
 def _status_pieces(batch: pa.RecordBatch | pa.Table) -> list[bytes]:
-    codes = _column(batch, "status_code").to_pylist()
-    messages = _column(batch, "status_message").to_pylist()
+    codes = _column(batch, "status_code")
+    messages = _column(batch, "status_message")
+    if messages.null_count == len(messages):  # the usual case: a table per code
+        table = {c: _status_piece(c, None) for c in pc.unique(codes).to_pylist()}
+        return [table[c] for c in codes.to_pylist()]
     cache: dict[tuple[Any, Any], bytes] = {}
     out = []
-    for key in zip(codes, messages, strict=True):
+    for key in zip(codes.to_pylist(), messages.to_pylist(), strict=True):
         piece = cache.get(key)
         if piece is None:
-            code, msg = key
-            body = (field(b"\x12", msg.encode()) if msg else b"") + (b"\x18" + varint(code) if code else b"")
-            piece = cache[key] = field(_T_STATUS, body) if body else b""
+            piece = cache[key] = _status_piece(*key)
         out.append(piece)
     return out
 
@@ -217,7 +226,6 @@ def encode_spans(batch: pa.RecordBatch | pa.Table) -> EncodedSpans:
     """
     pieces: list[list[bytes]] = [
         _fixed_pieces(batch),
-        _parent_pieces(batch),
         _dict_pieces(_column(batch, "name"), lambda v: field(_T_NAME, v.encode())),
         _small_int_pieces(_column(batch, "kind"), _T_KIND),
         _status_pieces(batch),
