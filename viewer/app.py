@@ -67,7 +67,7 @@ class ViewerApp(App[None]):
         *,
         bucket_ns: int = DEFAULT_BUCKET_NS,
         window_ns: int | None = None,
-        refresh_s: float = 0.2,
+        refresh_s: float = 0.1,
         poll_s: float = 0.1,
     ) -> None:
         super().__init__()

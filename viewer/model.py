@@ -139,7 +139,7 @@ class LiveModel:
         self.head_ns = 0
         self.spans_total = 0
         self.dropped = 0
-        self._slow: collections.deque[tuple[int, list[SlowSpan]]] = collections.deque()
+        self._slow: dict[int, list[SlowSpan]] = {}  # end bucket -> its slowest spans
         self._ingest_log: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.Lock()
 
@@ -295,14 +295,17 @@ class LiveModel:
         names = batch.column("name").take(pa.array(top)).to_pylist()
         chips = batch.column("chip_id").take(pa.array(top)).to_pylist()
         links = batch.column("link_id").take(pa.array(top)).to_pylist()
-        spans = [
-            SlowSpan(str(n), c or lk or "-", int(dur[i]), int(end[i]))
-            for n, c, lk, i in zip(names, chips, links, top, strict=True)
-        ]
-        self._slow.append((int(end.max()), spans))
-        horizon = (self.head - self.n_buckets) * self.bucket_ns
-        while self._slow and self._slow[0][0] < horizon:
-            self._slow.popleft()
+        for n, c, lk, i in zip(names, chips, links, top, strict=True):
+            k = (int(end[i]) - 1) // self.bucket_ns
+            kept = self._slow.setdefault(k, [])
+            kept.append(SlowSpan(str(n), c or lk or "-", int(dur[i]), int(end[i])))
+            if len(kept) > SLOW_KEEP:
+                kept.sort(key=lambda s: -s.duration_ns)
+                del kept[SLOW_KEEP:]
+        if len(self._slow) > 2 * self.n_buckets:  # forget buckets the ring no longer holds
+            horizon = self.head - self.n_buckets
+            for k in [k for k in self._slow if k <= horizon]:
+                del self._slow[k]
 
     # ------------------------------------------------------------ snapshot
 
@@ -351,8 +354,13 @@ class LiveModel:
                         self._rate(), self.dropped, self.head_ns if self.head >= 0 else 0)  # fmt: skip
 
     def _slowest(self, since: int, n: int = 10) -> list[SlowSpan]:
-        pool = [s for end, spans in reversed(self._slow) if end > since for s in spans if s.end_ns > since]
-        return sorted(pool, key=lambda s: -s.duration_ns)[:n]
+        """The slowest spans that ended in the window: O(window buckets)."""
+        first = since // self.bucket_ns
+        if len(self._slow) < self.head - first + 1:
+            pool = [s for k, spans in self._slow.items() if k >= first for s in spans]
+        else:
+            pool = [s for k in range(first, self.head + 1) for s in self._slow.get(k, ())]
+        return sorted((s for s in pool if s.end_ns > since), key=lambda s: -s.duration_ns)[:n]
 
     def _rate(self, horizon_s: float = 2.0) -> float:
         now = time.monotonic()

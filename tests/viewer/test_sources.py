@@ -1,0 +1,130 @@
+"""Sources: OTLP/HTTP from a real OpenTelemetry SDK, the in-process feed, the CLI."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from chiptrace.viewer.app import ViewerApp
+from chiptrace.viewer.otlp import OtlpAddressError, OtlpSource, parse_address
+from chiptrace.viewer.sources import FeedSource, SpanFeed
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from viewer_helpers import screen_text
+
+import chiptrace
+from chiptrace.cli import main
+from chiptrace.config import resolve
+from chiptrace.recorder import Recorder, StoreSink
+from chiptrace.store import PartWriter
+
+
+def _send_spans(port: int, n: int) -> None:
+    provider = TracerProvider(resource=Resource.create({"service.name": "otlp-test"}))
+    exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces")
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("step"):
+        for i in range(n):
+            with tracer.start_as_current_span("matmul", attributes={
+                    "chip.id": f"gpu:{i % 2}", "chip.type": "gpu", "op.kind": "compute",
+                    "op.flops": 1 << 30, "user.tag": "x"}):  # fmt: skip
+                time.sleep(0.001)
+    provider.shutdown()
+
+
+async def test_otlp_http_from_the_sdk_reaches_dashboard_and_store(tmp_path: Path) -> None:
+    out = tmp_path / "otlp-out"
+    source = OtlpSource("127.0.0.1", 0, out=out)
+    app = ViewerApp([source], feed=source.feed, window_ns=1_000_000_000)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            _send_spans(source.port, 6)
+            for _ in range(100):
+                if app.model.spans_total >= 7:
+                    break
+                await pilot.pause(0.05)
+            app.refresh_dashboard()
+            await pilot.pause()
+            assert app.model.spans_total == 7
+            gpus = [r.id for r in app.snapshot.chips["gpu"]]
+            assert gpus == ["gpu:0", "gpu:1"]
+            assert "GPU ×2" in screen_text(app)
+    finally:
+        source.stop()
+    con = chiptrace.connect(out)
+    rows = con.sql("SELECT name, chip_id, op_flops, attributes FROM spans WHERE chip_id IS NOT NULL").fetchall()
+    assert len(rows) == 6
+    assert rows[0][2] == 1 << 30 and '"user.tag":"x"' in rows[0][3]
+
+
+def test_otlp_rejects_garbage(tmp_path: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    source = OtlpSource("127.0.0.1", 0, out=tmp_path / "o")
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{source.port}/v1/traces", data=b"\xff\x00garbage",
+                                     headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=5)
+        assert e.value.code == 400
+        assert source.bad_requests == 1
+    finally:
+        source.stop()
+
+
+def test_parse_address() -> None:
+    assert parse_address("127.0.0.1:4318") == ("127.0.0.1", 4318)
+    assert parse_address("9999") == ("127.0.0.1", 9999)
+    with pytest.raises(OtlpAddressError, match="HOST:PORT"):
+        parse_address("localhost:http")
+
+
+async def test_in_process_feed_is_a_recorder_sink(tmp_path: Path) -> None:
+    from viewer_rack import _step
+
+    feed = SpanFeed()
+    store = tmp_path / "fed"
+    writer = PartWriter(store)
+    recorder = Recorder(resolve(dir=store, flush_interval_s=0.05), [StoreSink(writer), feed], writer)
+    app = ViewerApp([FeedSource(store)], feed=feed, window_ns=100_000_000)
+    async with app.run_test(size=(80, 24)) as pilot:
+        recorder.write_batch(_step(0, 0), block=True)
+        for _ in range(100):
+            if app.model.spans_total:
+                break
+            await pilot.pause(0.05)
+        assert app.model.spans_total == 812
+    recorder.shutdown()
+
+
+def test_feed_drops_and_counts_when_full() -> None:
+    from viewer_rack import _step
+
+    feed = SpanFeed(max_spans=1000)
+    feed.write(_step(0, 0))
+    feed.write(_step(1, 0))
+    assert (feed.received, feed.dropped) == (812, 812)
+    assert sum(b.num_rows for b in feed.drain()) == 812
+
+
+def test_cli_view_no_ui_prints_summary(rack_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["view", str(rack_dir), "--no-ui"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu" in out and "switch" in out
+    assert "ALERT high: gpu:3 idle" in out
+
+
+def test_cli_view_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["view"]) == 2
+    assert "give a trace DIR" in capsys.readouterr().err
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    assert main(["view", str(f), "--no-ui"]) == 2
+    assert "not a file" in capsys.readouterr().err
+    assert main(["view", "--otlp", "nohost:port"]) == 2
+    assert "HOST:PORT" in capsys.readouterr().err
