@@ -10,6 +10,7 @@ command's exit code is chiptrace's exit code.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
 import shutil
@@ -165,9 +166,27 @@ def _report(out: Path, cmd: list[str], rc: int, seconds: float, t0_ns: int, samp
     except (ChiptraceError, OSError) as e:
         print(f"chiptrace: no report: {e}", file=sys.stderr)
         return
-    for line in render(summary, seconds, sampler):
+    lines = render(summary, seconds, sampler)
+    if summary.spans:
+        lines += _findings(con, t0_ns)
+    for line in lines:
         print(f"  {line}", file=sys.stderr)
     print(f'next: chiptrace query {out} "SELECT * FROM metrics LIMIT 20"', file=sys.stderr)
+
+
+def _findings(con: Any, since_ns: int, top: int = 3) -> list[str]:
+    """The analysis' top findings, where chiptrace.analysis is there and has something to say.
+    Optional: the record report stands without it, so any failure here is left out."""
+    try:
+        from chiptrace.analysis import TraceAnalysis
+
+        found = TraceAnalysis(con, since_ns=since_ns).findings()
+    except Exception as e:  # noqa: BLE001 - an analysis problem must not hide the recording
+        logging.getLogger("chiptrace").debug("chiptrace: record: no findings: %s", e)
+        return []
+    return [
+        f"finding       {f.severity} {f.rule} on {f.culprit}: {f.suggestion}" for f in found[:top]
+    ]
 
 
 def render(summary: Any, seconds: float, sampler: Any = None) -> list[str]:

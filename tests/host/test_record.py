@@ -96,3 +96,14 @@ def test_render_lines() -> None:
     assert lines[1] == "spans         4 (gpu 3, - 1)"
     assert lines[2] == "cpu           42.0% mean over 2 logical CPUs"
     assert lines[3] == "top nic       lo (nic:1): 2.0 MB in, 2.0 MB out"
+
+
+def test_record_exit_code_of_a_signalled_child_and_no_sample(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    r = _record(
+        "--out", str(out), "--no-sample", "-q", "--", sys.executable, "-c", kill, cwd=tmp_path
+    )
+    assert r.returncode == 128 + 15, r.stderr  # as a shell reports it
+    assert r.stderr == ""  # --quiet, and no sampler to warn about NVML
+    assert not (out / "metrics").exists()
