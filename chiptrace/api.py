@@ -687,8 +687,8 @@ def _start_sampler(cfg: _config.Config, interval: float) -> Any:
         cfg.dir, interval=interval, run_id=cfg.run_id, service=cfg.service, host=cfg.host
     ).start()
     on_exit(sampler.stop)
-    # Child processes inherit the environment; one sampler per host is enough.
-    os.environ[_config.ENV_SAMPLE_HOST] = "0"
+    # Child processes inherit the environment: they see a sampler already runs on this host.
+    os.environ.setdefault(_config.ENV_SAMPLER_PID, str(os.getpid()))
     return sampler
 
 

@@ -30,6 +30,7 @@ ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENV_SAMPLE_HOST = "CHIPTRACE_SAMPLE_HOST"
 ENV_SAMPLE_INTERVAL = "CHIPTRACE_SAMPLE_INTERVAL"
+ENV_SAMPLER_PID = "CHIPTRACE_SAMPLER_PID"  # set by the process that samples the host
 
 DEFAULT_ROOT = "chiptrace-traces"
 DEFAULT_FLUSH_INTERVAL_S = 2.0
@@ -159,6 +160,9 @@ def resolve_sampling(
     """Host sampling settings: keyword arguments, then CHIPTRACE_SAMPLE_HOST /
     CHIPTRACE_SAMPLE_INTERVAL, then off and 0.1 s.
 
+    CHIPTRACE_SAMPLE_HOST is ignored in a process whose ancestor already samples this
+    host (CHIPTRACE_SAMPLER_PID names another pid): workers would only repeat its rows.
+
     Raises:
         ConfigError: a bad boolean, or an interval that is not a number >= 0.01 s.
     """
@@ -167,6 +171,8 @@ def resolve_sampling(
         on = parse_bool("sample_host", sample_host)
     else:
         on = parse_bool(ENV_SAMPLE_HOST, env.get(ENV_SAMPLE_HOST, "") or "0")
+        if on and env.get(ENV_SAMPLER_PID, str(os.getpid())) != str(os.getpid()):
+            on = False
     if sample_interval is not None:
         interval = _parse_number("sample_interval", sample_interval, float, MIN_SAMPLE_INTERVAL_S)
     elif env.get(ENV_SAMPLE_INTERVAL, "") != "":

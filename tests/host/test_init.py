@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from chiptrace.store import PartWriter, read_manifests
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch) -> None:
-    for var in (config.ENV_SAMPLE_HOST, config.ENV_SAMPLE_INTERVAL, config.ENV_DIR):
+    for var in (
+        config.ENV_SAMPLE_HOST, config.ENV_SAMPLE_INTERVAL, config.ENV_SAMPLER_PID, config.ENV_DIR
+    ):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     yield
     chiptrace.shutdown()
@@ -51,10 +54,15 @@ def test_sampling_is_off_by_default_and_on_from_the_environment(
     monkeypatch.setenv(config.ENV_SAMPLE_INTERVAL, "0.05")
     chiptrace.init(tmp_path / "b")
     assert api._STATE.sampler is not None and api._STATE.sampler.interval == 0.05
-    # one sampler per host: processes started from here do not sample again
-    import os
-
-    assert os.environ[config.ENV_SAMPLE_HOST] == "0"
+    # one sampler per host: processes started from here do not sample again...
+    assert os.environ[config.ENV_SAMPLER_PID] == str(os.getpid())
+    child = {config.ENV_SAMPLE_HOST: "1", config.ENV_SAMPLER_PID: str(os.getpid() + 1)}
+    assert config.resolve_sampling(env=child) == (False, 0.1)
+    assert config.resolve_sampling(True, env=child) == (True, 0.1)  # ...unless asked in code
+    # ...while this process may stop and start sampling again from the same environment
+    chiptrace.shutdown()
+    chiptrace.init(tmp_path / "b2")
+    assert api._STATE.sampler is not None
     # a new init() replaces the old sampler, as it replaces the recorder
     old = api._STATE.sampler
     chiptrace.init(tmp_path / "c", sample_host=False)
