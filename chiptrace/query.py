@@ -23,6 +23,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from chiptrace import _macros
 from chiptrace.errors import QueryError, StoreError
 from chiptrace.schema import COLUMNS, SPAN_SCHEMA
 from chiptrace.store import expand_dirs, good_parts, part_files, read_manifests
@@ -111,6 +112,7 @@ def connect(
     con.register("_runs_arrow", _runs_table(read_manifests(dirs)))
     con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runs_arrow")
     attach_metrics(con, dirs)
+    _macros.install(con)  # analysis macros: utilization(window_ms), link_throughput(...), ...
     return con
 
 

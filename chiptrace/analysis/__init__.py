@@ -1,1 +1,60 @@
-"""Analysis: utilization, critical path and bottleneck rules over the span tables."""
+"""Analysis: utilization, critical path and bottleneck rules over the span tables.
+
+Shaped like HTA: the store is parsed once into small tables (`tables.load_tables`: DuckDB
+aggregates over the Parquet parts, built on the SQL macros of `chiptrace._macros`), then
+stateless functions turn tables into results (`rules_chips`, `rules_comm`, `metrics`,
+`critical_path`), behind one front door, `TraceAnalysis`. Nothing here draws: the report
+and the viewer render the plain dataclasses this package returns.
+
+Whole run::
+
+    from chiptrace.analysis import TraceAnalysis
+    ta = TraceAnalysis("traces/run1")          # or a chiptrace.connect(...) connection
+    ta.findings()        # [Finding(rule, severity, culprit, evidence, suggestion, share)]
+    ta.metrics()         # {"step_ms_p50": ..., "utilization": {"gpu": ...}, "mfu": ...}
+    ta.critical_path()   # CriticalPath of the slowest step; .share("chip_type")
+    ta.utilization(10)   # Arrow table: busy fraction per chip per 10 ms window
+    ta.report().to_dict()  # what `chiptrace report --json` prints
+
+Live window (the viewer, each refresh)::
+
+    from chiptrace.analysis import analyze
+    findings = analyze(con, since_ns=now - 5_000_000_000, until_ns=now)
+
+`analyze` runs every rule on the spans overlapping [since_ns, until_ns) (clipped to it) and
+loads at most `sample_steps` steps span by span, so its cost follows the window, plus one
+pass over parent ids to tell leaf spans. Findings are frozen dataclasses: compare them with
+`Finding.key` (rule, culprit) across refreshes.
+
+Rules (RULES): straggler, load-imbalance, compute-bound / memory-bound (roofline),
+precision-opportunity, starvation, link-bound, latency-bound, poor-overlap, dropped-spans.
+Severity is high / medium / low / info, mostly from the share of step time at stake
+(>= 10% high, >= 3% medium).
+"""
+
+from __future__ import annotations
+
+from chiptrace.analysis.critical_path import critical_path
+from chiptrace.analysis.diff import diff_reports
+from chiptrace.analysis.model import SEVERITIES, CriticalPath, Finding, PathSegment, sort_findings
+from chiptrace.analysis.topology import ChipSpec, LinkSpec, Topology, parse_topology
+from chiptrace.analysis.trace_analysis import RULES, Report, TraceAnalysis, analyze, run_rules
+
+__all__ = [
+    "TraceAnalysis",
+    "analyze",
+    "run_rules",
+    "RULES",
+    "Report",
+    "Finding",
+    "CriticalPath",
+    "PathSegment",
+    "SEVERITIES",
+    "critical_path",
+    "sort_findings",
+    "diff_reports",
+    "Topology",
+    "ChipSpec",
+    "LinkSpec",
+    "parse_topology",
+]

@@ -1,0 +1,191 @@
+"""Critical path of one step (trace): the chain of spans that sets its end-to-end time.
+
+Only the work that actually ran (leaf spans) can sit on the path; containers give the
+structure. The walk starts at the last leaf to finish and steps backwards, each time to the
+span that gated the current one's start:
+
+- explicit dependencies first: OTel links (a span links to the transfers it waited on; with
+  several, the last to finish gated it: fan-in) and the previous work on the same chip or
+  link direction;
+- otherwise program order: the latest-finishing earlier sibling of the span or of one of its
+  ancestors (what a sequential host loop or an awaited fan-out looks like).
+
+If an explicit dependency ends right before the span starts it wins; else the latest of all
+candidates does. Time between a predecessor's end and the next span's start is a ``gap``
+segment (untraced work, launch latency), so segment times always add up to the step time.
+Cost: O(n log n) in the step's spans; run it on a bounded span set (one step), not a store.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from chiptrace.analysis.model import CriticalPath, PathSegment
+
+_MIN_SLACK_NS = 2_000
+
+
+class _Span:
+    __slots__ = ("id", "row", "start", "end", "parent", "children", "last_leaf", "resource")
+
+    def __init__(self, row: Mapping[str, Any]) -> None:
+        self.id: str = row["span_id"]
+        self.row = row
+        self.start: int = int(row["start_ns"])
+        self.end: int = int(row["end_ns"])
+        self.parent: _Span | None = None
+        self.children: list[_Span] = []
+        self.last_leaf: _Span = self
+        if row.get("link_id"):
+            self.resource: Any = ("link", row["link_id"], row.get("link_src"), row.get("link_dst"))
+        elif row.get("chip_id"):
+            self.resource = ("chip", row["chip_id"])
+        else:
+            self.resource = None
+
+
+def _link_ids(raw: Any) -> list[str]:
+    if not raw:
+        return []
+    try:
+        items = json.loads(raw) if isinstance(raw, str) else raw
+        return [str(i["span_id"]).lower() for i in items if isinstance(i, dict) and "span_id" in i]
+    except (ValueError, TypeError):
+        return []
+
+
+class _Graph:
+    """The step's spans indexed for the backward walk."""
+
+    def __init__(self, rows: Iterable[Mapping[str, Any]], root_id: str | None) -> None:
+        self.spans = {r["span_id"]: _Span(r) for r in rows}
+        for s in self.spans.values():
+            p = self.spans.get(s.row.get("parent_span_id") or "")
+            if p is not None and p is not s:
+                s.parent = p
+                p.children.append(s)
+        self.root = self._pick_root(root_id)
+        self.by_resource: dict[Any, list[_Span]] = defaultdict(list)
+        self._index(self.root)
+        for lst in self.by_resource.values():
+            lst.sort(key=lambda x: x.end)
+        self.res_ends = {k: [x.end for x in v] for k, v in self.by_resource.items()}
+
+    def _pick_root(self, root_id: str | None) -> _Span:
+        if root_id is not None and root_id in self.spans:
+            return self.spans[root_id]
+        roots = [s for s in self.spans.values() if s.parent is None]
+        return max(roots, key=lambda s: (s.end - s.start, -s.start))
+
+    def _index(self, root: _Span) -> None:
+        # Iterative post-order: deep traces must not hit the recursion limit.
+        order, stack = [], [root]
+        while stack:
+            s = stack.pop()
+            order.append(s)
+            s.children.sort(key=lambda c: c.end)
+            stack.extend(s.children)
+        for s in reversed(order):
+            if s.children:
+                s.last_leaf = max((c.last_leaf for c in s.children), key=lambda x: x.end)
+            elif s is not root and s.resource is not None:
+                self.by_resource[s.resource].append(s)
+
+    def explicit(self, s: _Span, bound: int) -> tuple[_Span | None, str]:
+        best: _Span | None = None
+        via = ""
+        for lid in _link_ids(s.row.get("links")):
+            dep = self.spans.get(lid)
+            if dep is None:
+                continue
+            leaf = dep.last_leaf
+            if leaf.end <= bound and leaf.start < s.start and (best is None or leaf.end > best.end):
+                best, via = leaf, "link"
+        if s.resource is not None:
+            lst, ends = self.by_resource[s.resource], self.res_ends[s.resource]
+            i = bisect.bisect_right(ends, bound) - 1
+            while i >= 0 and (lst[i] is s or lst[i].start >= s.start):
+                i -= 1
+            if i >= 0 and (best is None or lst[i].end > best.end):
+                best, via = lst[i], "resource"
+        return best, via
+
+    def sequential(self, s: _Span, bound: int) -> _Span | None:
+        best: _Span | None = None
+        node = s
+        while node is not self.root and node.parent is not None:
+            sibs = node.parent.children
+            i = bisect.bisect_right([c.end for c in sibs], bound) - 1
+            while i >= 0 and (sibs[i] is node or sibs[i].last_leaf.start >= s.start):
+                i -= 1
+            if i >= 0:
+                cand = sibs[i].last_leaf
+                if best is None or cand.end > best.end:
+                    best = cand
+            node = node.parent
+        return best
+
+    def predecessor(self, s: _Span) -> tuple[_Span | None, str]:
+        slack = max(_MIN_SLACK_NS, (s.end - s.start) // 100)
+        exp, via = self.explicit(s, s.start + slack)
+        if exp is not None and s.start - exp.end <= slack:
+            return exp, via
+        seq = self.sequential(s, s.start + slack)
+        if seq is None or (exp is not None and exp.end >= seq.end):
+            return exp, via
+        return seq, "sequence"
+
+
+def _segment(s: _Span, on_path: int, via: str) -> PathSegment:
+    r = s.row
+    return PathSegment(
+        name=str(r.get("name")), start_ns=s.start, end_ns=s.end, on_path_ns=max(on_path, 0),
+        via=via, span_id=s.id, chip_id=r.get("chip_id"), chip_type=r.get("chip_type"),
+        link_id=r.get("link_id"), link_type=r.get("link_type"), op_kind=r.get("op_kind"),
+    )  # fmt: skip
+
+
+def _gap(name: str, start: int, end: int) -> PathSegment:
+    return PathSegment(name=name, start_ns=start, end_ns=end, on_path_ns=end - start, via="gap")
+
+
+def critical_path(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> CriticalPath:
+    """The critical path of one step.
+
+    Args:
+        rows: the step's spans as mappings with span_id, parent_span_id (hex text), name,
+            start_ns, end_ns, chip_id, chip_type, link_id, link_type, link_src, link_dst,
+            op_kind and links (the OTel links JSON); other keys are ignored.
+        root_id: the step's root span; default: the longest span without a parent here.
+
+    Returns:
+        A CriticalPath whose segments (spans and gaps, in time order) sum to the root's
+        duration. An empty input gives an empty path.
+    """
+    rows = list(rows)
+    if not rows:
+        return CriticalPath(trace_id="", root="", start_ns=0, end_ns=0)
+    g = _Graph(rows, root_id)
+    root = g.root
+    trace_id = str(root.row.get("trace_id") or "")
+    root_name = str(root.row.get("name"))
+    segs: list[PathSegment] = []
+    cur: _Span | None = root.last_leaf
+    t = root.end
+    via = "end"
+    seen: set[str] = set()
+    while cur is not None and cur.id not in seen and cur.end > root.start:
+        seen.add(cur.id)
+        if t > cur.end:
+            segs.append(_gap(root_name, cur.end, t))
+        segs.append(_segment(cur, min(cur.end, t) - max(cur.start, root.start), via))
+        t = max(cur.start, root.start)
+        cur, via = g.predecessor(cur)
+    if t > root.start:
+        segs.append(_gap(root_name, root.start, t))
+    segs.reverse()
+    return CriticalPath(trace_id, root_name, root.start, root.end, tuple(segs))

@@ -1,0 +1,106 @@
+"""Headline metrics of a run: step time, utilization per chip type, comm share, MFU, drops.
+
+`headline(x)` returns a flat dict of plain numbers (None where the trace cannot tell), the
+`metrics` object of `chiptrace report --json`; its keys are listed in METRIC_KEYS.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from chiptrace.analysis.model import CriticalPath
+from chiptrace.analysis.rules_chips import RuleInput
+
+METRIC_KEYS = (
+    "spans", "spans_dropped", "wall_ms", "steps", "step_ms_p50", "step_ms_p99", "step_ms_mean",
+    "utilization", "chips", "links", "comm_share", "critical_path_comm_share", "mfu",
+    "achieved_tflops",
+)  # fmt: skip
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100) of `values`; None when empty."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def step_durations(x: RuleInput) -> list[int]:
+    s = x.tables.steps
+    return [e - b for b, e in zip(s.column("start_ns").to_pylist(),
+                                  s.column("end_ns").to_pylist(), strict=True)]  # fmt: skip
+
+
+def _mfu(x: RuleInput) -> tuple[float | None, float | None]:
+    """Model FLOP utilization: FLOPs done over what the chips' peaks allow in the wall time."""
+    t = x.tables
+    flops = 0.0
+    peak_sum = 0.0
+    by_chip: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for r in t.chip_ops.to_pylist():
+        if r["flops"]:
+            by_chip[r["chip_id"]][r["op_precision"] or "fp32"] += r["flops"]
+    total = sum(sum(p.values()) for p in by_chip.values())
+    for chip, precs in by_chip.items():
+        main = max(precs, key=lambda p: precs[p])  # peak at the precision the chip mostly ran
+        peak = t.topology.peak(chip, main)
+        if peak:
+            flops += sum(precs.values())
+            peak_sum += peak
+    achieved = total / (t.wall_ns / 1e9) / 1e12 if total else None
+    if not peak_sum:
+        return None, achieved
+    return flops / (peak_sum * t.wall_ns / 1e9), achieved
+
+
+def comm_share(paths: list[CriticalPath]) -> float | None:
+    """Share of the sampled steps' critical paths spent in communication."""
+    if not paths:
+        return None
+    shares = []
+    for p in paths:
+        if p.duration_ns <= 0:
+            continue
+        comm = sum(s.on_path_ns for s in p.segments if s.link_id or s.op_kind == "comm")
+        shares.append(comm / p.duration_ns)
+    return statistics.fmean(shares) if shares else None
+
+
+def headline(x: RuleInput, exposed_comm_share: float | None = None) -> dict[str, Any]:
+    """The run's headline figures; see METRIC_KEYS."""
+    t = x.tables
+    durs = step_durations(x)
+    util: dict[str, list[float]] = defaultdict(list)
+    for r in t.chips.to_pylist():
+        util[r["chip_type"]].append(r["busy_ns"] / t.wall_ns)
+    mfu, tflops = _mfu(x)
+    count: dict[str, int] = defaultdict(int)
+    for r in t.chips.to_pylist():
+        count[r["chip_type"]] += 1
+    p50, p99 = percentile(durs, 50), percentile(durs, 99)
+    return {
+        "spans": t.spans,
+        "spans_dropped": t.spans_dropped,
+        "wall_ms": round(t.wall_ns / 1e6, 4),
+        "steps": len(durs),
+        "step_ms_p50": round(p50 / 1e6, 4) if p50 is not None else None,
+        "step_ms_p99": round(p99 / 1e6, 4) if p99 is not None else None,
+        "step_ms_mean": round(statistics.fmean(durs) / 1e6, 4) if durs else None,
+        "utilization": {k: round(statistics.fmean(v), 4) for k, v in sorted(util.items())},
+        "chips": dict(sorted(count.items())),
+        "links": t.links.num_rows,
+        "comm_share": None if exposed_comm_share is None else round(exposed_comm_share, 4),
+        "critical_path_comm_share": _round(comm_share(x.paths)),
+        "mfu": _round(mfu),
+        "achieved_tflops": _round(tflops),
+    }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)

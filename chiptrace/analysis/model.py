@@ -1,0 +1,118 @@
+"""Plain result types of the analysis: findings, severities, critical-path segments.
+
+Everything here is a frozen dataclass of str/int/float/dict values, so a caller (the report,
+the diff, the live viewer) can keep, compare and serialize results without the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = ("high", "medium", "low", "info")
+_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+def severity_for(share: float, high: float = 0.10, medium: float = 0.03) -> str:
+    """Severity from the share of step time at stake: >=10% high, >=3% medium, else low."""
+    if share >= high:
+        return "high"
+    if share >= medium:
+        return "medium"
+    return "low"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One bottleneck: what, where, how sure, and what to try.
+
+    Attributes:
+        rule: the rule's id, e.g. ``straggler`` or ``link-bound`` (see RULES).
+        severity: ``high``, ``medium``, ``low`` or ``info``.
+        culprit: the chip id, link id, op name or chip type held responsible.
+        evidence: the figures the rule decided on (plain numbers and strings).
+        suggestion: one line on what to try.
+        share: fraction of step (or run) time at stake, 0..1; orders findings of equal severity.
+    """
+
+    rule: str
+    severity: str
+    culprit: str
+    evidence: dict[str, Any]
+    suggestion: str
+    share: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON form: rule, severity, culprit, evidence, suggestion, share."""
+        d = asdict(self)
+        d["share"] = round(self.share, 6)
+        return d
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(rule, culprit): how the diff matches a finding across two runs."""
+        return (self.rule, self.culprit)
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Most severe first, then the largest share of step time at stake, then by name."""
+    return sorted(findings, key=lambda f: (_RANK.get(f.severity, 9), -f.share, f.rule, f.culprit))
+
+
+@dataclass(frozen=True, slots=True)
+class PathSegment:
+    """A stretch of the critical path: a span, or a gap where nothing traced ran.
+
+    `via` says how the walk reached the span from the one after it: ``end`` (the step's last
+    work), ``link`` (an OTel link: this span fed the next), ``resource`` (previous work on the
+    same chip or link direction), ``sequence`` (an earlier sibling in program order), or
+    ``gap`` for untraced time.
+    """
+
+    name: str
+    start_ns: int
+    end_ns: int
+    on_path_ns: int
+    via: str
+    span_id: str | None = None
+    chip_id: str | None = None
+    chip_type: str | None = None
+    link_id: str | None = None
+    link_type: str | None = None
+    op_kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CriticalPath:
+    """The chain of spans that sets one step's end-to-end time."""
+
+    trace_id: str
+    root: str
+    start_ns: int
+    end_ns: int
+    segments: tuple[PathSegment, ...] = field(default_factory=tuple)
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    def share(self, by: str) -> dict[str, float]:
+        """Fraction of the step's time on the path per `chip_type`, `link_type`, `op_kind`
+        or `name`. Untraced time is ``gap``; transfers count as ``link`` by chip type, and
+        work off any link as ``none`` by link type."""
+        out: dict[str, float] = {}
+        total = max(self.duration_ns, 1)
+        for seg in self.segments:
+            key = getattr(seg, by) or _fallback(seg, by)
+            out[key] = out.get(key, 0.0) + seg.on_path_ns / total
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _fallback(seg: PathSegment, by: str) -> str:
+    if seg.via == "gap":
+        return "gap"
+    if by == "chip_type" and seg.link_id:
+        return "link"
+    if by == "link_type":
+        return "none"
+    return "-"

@@ -1,0 +1,162 @@
+"""Rules about links and communication: link-bound, latency-bound, poor overlap, drops."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from chiptrace.analysis import steps as iv
+from chiptrace.analysis.model import Finding, severity_for
+from chiptrace.analysis.rules_chips import RuleInput, _ms
+from chiptrace.analysis.tables import COMPUTE_TYPES
+
+SATURATED = 0.70  # busy and moving data at >= 70% of the link's bandwidth
+BUSY = 0.30  # ... for at least 30% of the time
+SLOW_LINK = 0.5  # achieved bandwidth under half that of links of the same type
+LATENCY_DOMINATES = 0.5  # latency at least half of a typical transfer's time
+SMALL_MESSAGE = 64 * 1024  # without a topology: "small" means under 64 KiB
+MANY = 50
+POOR_OVERLAP = 0.30  # under 30% of communication hidden behind compute
+
+
+def _chip_type(chip: str | None) -> str:
+    return (chip or "").rsplit("/", 1)[-1].split(":")[0]
+
+
+def link_bound(x: RuleInput) -> list[Finding]:
+    """A link direction near saturation, or far slower than its peers, while chips wait."""
+    t = x.tables
+    links = [r for r in t.links.to_pylist() if r["busy_ns"] > 0 and r["bytes"]]
+    util = {r["chip_id"]: r["busy_ns"] / t.wall_ns for r in t.chips.to_pylist()}
+    peers: dict[str, list[float]] = defaultdict(list)
+    for r in links:
+        peers[r["link_type"]].append(r["bytes"] / r["busy_ns"])
+    out = []
+    for r in links:
+        achieved = r["bytes"] / r["busy_ns"] * 1e9  # bytes/s while busy
+        nominal = t.topology.bandwidth(r["link_id"])
+        busy = r["busy_ns"] / t.wall_ns
+        peer = statistics.median(peers[r["link_type"]]) * 1e9 if len(peers[r["link_type"]]) >= 3 else None
+        ev = {"link_type": r["link_type"], "src": r["link_src"], "dst": r["link_dst"],
+              "busy_share": round(busy, 4), "achieved_GBps": round(achieved / 1e9, 3),
+              "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
+              "peer_median_GBps": round(peer / 1e9, 3) if peer else None,
+              "transfers": r["transfers"], "bytes": r["bytes"]}  # fmt: skip
+        if peer and achieved < SLOW_LINK * peer and (r["median_bytes"] or 0) >= SMALL_MESSAGE:
+            share = min(r["busy_ns"] * (1 - achieved / peer) / x.step_ns / max(t.steps.num_rows, 1), 1.0)
+            out.append(Finding(
+                "link-bound", severity_for(share), r["link_id"], {**ev, "cause": "slow link"},
+                f"{r['link_id']} moves {achieved / peer:.0%} of what other {r['link_type']} links "
+                f"do: check the link (degraded lanes, errors) or route around it", share))
+        elif busy >= BUSY and (nominal is None or achieved >= SATURATED * nominal):
+            waiting = 1 - util.get(r["link_dst"] or "", 0.0)
+            share = min(busy * waiting, 1.0)
+            out.append(Finding(
+                "link-bound", severity_for(share), r["link_id"],
+                {**ev, "cause": "saturated", "dst_idle_share": round(waiting, 4)},
+                f"{r['link_id']} is busy {busy:.0%} of the time at {achieved / 1e9:.0f} GB/s: "
+                f"compress or shard the traffic, or use a faster link", share))  # fmt: skip
+    return out
+
+
+def latency_bound(x: RuleInput) -> list[Finding]:
+    """Many small transfers whose time is mostly link latency, not bytes."""
+    t = x.tables
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in t.links.to_pylist():
+        groups[(r["link_type"], r["name"])].append(r)
+    out = []
+    for (ltype, name), rows in groups.items():
+        n = sum(r["transfers"] for r in rows)
+        med_bytes = statistics.median(r["median_bytes"] or 0 for r in rows)
+        med_ns = statistics.median(r["median_ns"] or 0 for r in rows)
+        lat = [t.topology.links[r["link_id"]].latency_ns for r in rows
+               if r["link_id"] in t.topology.links and t.topology.links[r["link_id"]].latency_ns]
+        bws = [t.topology.bandwidth(r["link_id"]) for r in rows if t.topology.bandwidth(r["link_id"])]
+        if lat and bws:
+            wire = statistics.median(lat) + med_bytes / statistics.median(bws) * 1e9
+            frac = statistics.median(lat) / wire if wire else 0.0
+        else:
+            frac = 1.0 if med_bytes and med_bytes < SMALL_MESSAGE else 0.0
+        if n < MANY or frac < LATENCY_DOMINATES:
+            continue
+        xfer = sum(r["xfer_ns"] for r in rows) / max(len(rows), 1)
+        share = min(xfer * frac / t.wall_ns, 1.0)
+        out.append(Finding(
+            "latency-bound", severity_for(share), f"{name} on {ltype}",
+            {"transfers": n, "median_bytes": med_bytes, "median_us": round(med_ns / 1e3, 3),
+             "latency_share": round(frac, 4), "links": len(rows)},
+            f"{n} transfers of ~{med_bytes / 1024:.0f} KiB spend {frac:.0%} of their time in "
+            f"latency: batch them into larger messages (bigger buckets, fused all-reduce)", share,
+        ))  # fmt: skip
+    return out
+
+
+def _is_comm(s: dict) -> bool:
+    if s["link_id"]:
+        ends = [_chip_type(s["link_src"]), _chip_type(s["link_dst"])]
+        return any(e in COMPUTE_TYPES for e in ends) or not any(ends)
+    return s["chip_type"] in COMPUTE_TYPES and s["op_kind"] == "comm"
+
+
+def _is_compute(s: dict) -> bool:
+    return s["chip_type"] in COMPUTE_TYPES and s["op_kind"] in (None, "compute", "memcpy")
+
+
+def overlap_figures(x: RuleInput) -> dict[str, float]:
+    """Communication vs compute on the compute chips over the sampled steps, in ns:
+    comm, hidden (overlapped), exposed, compute, step; plus exposed ns per comm span name
+    under keys ``name:<span name>``."""
+    out: dict[str, float] = defaultdict(float)
+    for st in x.steps:
+        leaves = [s for s in st.leaves() if s["end_ns"] > s["start_ns"]]
+        comm = iv.union((s["start_ns"], s["end_ns"]) for s in leaves if _is_comm(s))
+        compute = iv.union((s["start_ns"], s["end_ns"]) for s in leaves if _is_compute(s))
+        if not compute:
+            continue
+        exposed = iv.subtract(comm, compute)
+        out["comm"] += iv.length(comm)
+        out["hidden"] += iv.length(iv.intersect(comm, compute))
+        out["exposed"] += iv.length(exposed)
+        out["compute"] += iv.length(compute)
+        out["step"] += st.duration_ns
+        for s in leaves:
+            if _is_comm(s):
+                span = [(s["start_ns"], s["end_ns"])]
+                out["name:" + s["name"]] += iv.length(iv.intersect(span, exposed))
+    return out
+
+
+def poor_overlap(x: RuleInput) -> list[Finding]:
+    """Communication that runs while compute chips do nothing else (not overlapped)."""
+    f = overlap_figures(x)
+    if not f["step"] or not f["comm"]:
+        return []
+    overlap = f["hidden"] / f["comm"]
+    share = min(f["exposed"], f["compute"]) / f["step"]  # the most overlap could hide
+    if overlap >= POOR_OVERLAP or f["exposed"] / f["step"] < 0.05:
+        return []
+    names = {k[5:]: v for k, v in f.items() if k.startswith("name:")}
+    culprit = max(names, key=lambda k: names[k])
+    return [Finding(
+        "poor-overlap", severity_for(share), culprit,
+        {"overlap_fraction": round(overlap, 4), "comm_share": round(f["comm"] / f["step"], 4),
+         "exposed_comm_share": round(f["exposed"] / f["step"], 4),
+         "exposed_ms_per_step": _ms(f["exposed"] / max(len(x.steps), 1)),
+         "steps_sampled": len(x.steps)},
+        f"only {overlap:.0%} of communication overlaps compute: start {culprit} per bucket during "
+        f"backward instead of after it", share,
+    )]  # fmt: skip
+
+
+def dropped_spans(x: RuleInput) -> list[Finding]:
+    """Spans the recorder dropped: the analysis saw less than ran."""
+    t = x.tables
+    if not t.spans_dropped:
+        return []
+    frac = t.spans_dropped / max(t.spans + t.spans_dropped, 1)
+    return [Finding(
+        "dropped-spans", "medium" if frac >= 0.01 else "low", "recorder",
+        {"spans_dropped": t.spans_dropped, "dropped_fraction": round(frac, 6)},
+        "raise CHIPTRACE_MAX_BUFFERED or flush more often; figures undercount", frac,
+    )]  # fmt: skip

@@ -1,0 +1,143 @@
+"""A bounded sample of steps, loaded span by span: input to the critical path and to the
+rules that need exact interval arithmetic (overlap, starvation) rather than totals.
+
+Which steps: the slowest, the median one, and a few spread over the run, at most
+`max_steps` (their spans are loaded with one query; at 1,000 spans a step that is cheap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+Interval = tuple[int, int]
+
+_COLUMNS = (
+    ("lower(hex(trace_id))", "trace_id"), ("lower(hex(span_id))", "span_id"),
+    ("lower(hex(parent_span_id))", "parent_span_id"), ("CAST(name AS VARCHAR)", "name"),
+    ("start_ns", "start_ns"), ("end_ns", "end_ns"), ("CAST(chip_id AS VARCHAR)", "chip_id"),
+    ("CAST(chip_type AS VARCHAR)", "chip_type"), ("CAST(link_id AS VARCHAR)", "link_id"),
+    ("CAST(link_type AS VARCHAR)", "link_type"), ("CAST(link_src AS VARCHAR)", "link_src"),
+    ("CAST(link_dst AS VARCHAR)", "link_dst"), ("CAST(op_kind AS VARCHAR)", "op_kind"),
+    ("op_bytes", "op_bytes"), ("op_flops", "op_flops"), ("links", "links"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One sampled step: its root and every span of its trace (dicts, ids as hex)."""
+
+    trace_id: str
+    root_id: str
+    name: str
+    start_ns: int
+    end_ns: int
+    spans: tuple[dict[str, Any], ...]
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    def leaves(self) -> list[dict[str, Any]]:
+        """Spans with no child in the step: the work that actually ran."""
+        parents = {s["parent_span_id"] for s in self.spans if s["parent_span_id"]}
+        return [s for s in self.spans if s["span_id"] not in parents]
+
+
+def pick_steps(steps: pa.Table, max_steps: int = 5) -> list[int]:
+    """Row indices of `steps` to sample: slowest first, then the median, then spread."""
+    n = steps.num_rows
+    if n == 0 or max_steps <= 0:
+        return []
+    dur = [e - s for s, e in zip(steps.column("start_ns").to_pylist(),
+                                  steps.column("end_ns").to_pylist(), strict=True)]  # fmt: skip
+    order = sorted(range(n), key=lambda i: dur[i])
+    picks = [order[-1], order[n // 2]]
+    stride = max(n // max(max_steps - 2, 1), 1)
+    picks += list(range(0, n, stride))
+    out: list[int] = []
+    for i in picks:
+        if i not in out:
+            out.append(i)
+    return out[:max_steps]
+
+
+def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
+    """Load every span of the chosen steps' traces (one query; time bounds prune parts)."""
+    if not rows:
+        return []
+    sel = steps.take(pa.array(list(rows))).to_pylist()
+    lo = min(r["start_ns"] for r in sel)
+    hi = max(r["end_ns"] for r in sel)
+    ids = ", ".join(f"unhex('{r['trace_id']}')" for r in sel)
+    cols = ", ".join(f"{expr} AS {alias}" for expr, alias in _COLUMNS)
+    result = con.sql(
+        f"SELECT {cols} FROM spans_raw WHERE start_ns >= {int(lo)} AND start_ns <= {int(hi)} "
+        f"AND trace_id IN ({ids})"
+    ).fetchall()
+    names = [alias for _, alias in _COLUMNS]
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for row in result:
+        d = dict(zip(names, row, strict=True))
+        by_trace.setdefault(d["trace_id"], []).append(d)
+    return [
+        Step(r["trace_id"], r["span_id"], r["name"], int(r["start_ns"]), int(r["end_ns"]),
+             tuple(by_trace.get(r["trace_id"], ())))
+        for r in sel
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------- interval arithmetic
+
+
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """Sorted, disjoint intervals covering the same time as `intervals`."""
+    out: list[list[int]] = []
+    for s, e in sorted(i for i in intervals if i[1] > i[0]):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def length(intervals: Iterable[Interval]) -> int:
+    """Total time covered by disjoint intervals."""
+    return sum(e - s for s, e in intervals)
+
+
+def intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
+    """Intersection of two sorted, disjoint interval lists (a merge, linear time)."""
+    out: list[Interval] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if e > s:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
+    """Parts of `a` not covered by `b` (both sorted and disjoint)."""
+    out: list[Interval] = []
+    j = 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out

@@ -1,0 +1,225 @@
+"""Parse once: the store's spans reduced, in DuckDB, to the small tables every rule reads.
+
+`load_tables(con)` runs a handful of aggregate queries over the store (each one scan of the
+Parquet parts, using the macros of `chiptrace._macros`) and returns a `TraceTables` of Arrow
+tables with one row per chip, link, step, or (step, chip): thousands of rows, not millions.
+The one heavy step is the interval union for busy time (a sort of the op spans per chip).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from chiptrace.analysis.topology import Topology, merge_topologies
+
+COMPUTE_TYPES = ("gpu", "npu")
+HOST_TYPES = ("cpu", "dpu")
+
+
+def _args(since_ns: int | None, until_ns: int | None) -> str:
+    s = "NULL" if since_ns is None else str(int(since_ns))
+    u = "NULL" if until_ns is None else str(int(until_ns))
+    return f"since_ns := {s}, until_ns := {u}"
+
+
+def _arrow(con: Any, sql: str) -> pa.Table:
+    rel = con.sql(sql)
+    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+
+@dataclass
+class TraceTables:
+    """What the rules read, computed once per analysis.
+
+    Attributes:
+        t0, t1: the analysed time range (Unix ns); spans: spans in it.
+        chips: chip_id, chip_type, busy_ns (merged), ops, op_ns, flops, bytes.
+        chip_ops: per chip, op kind, precision and name: ops, op_ns, flops, bytes.
+        util: per plot window and chip: window, window_start_ns, chip_id, chip_type, busy_ns.
+        links: per link direction: link_id, link_type, link_src, link_dst, transfers,
+            bytes, xfer_ns (summed), busy_ns (merged), median_bytes, median_ns.
+        steps: step roots: trace_id (hex), span_id (hex), name, start_ns, end_ns.
+        step_chips: per step and chip: trace_id, chip_id, chip_type, first_ns, last_ns, op_ns.
+        topology: peaks and bandwidths from the manifests (empty when none recorded).
+        manifests: the writer manifests; spans_dropped: their summed drop counts.
+        window_ns: width of the util windows.
+    """
+
+    t0: int
+    t1: int
+    spans: int
+    chips: pa.Table
+    chip_ops: pa.Table
+    util: pa.Table
+    links: pa.Table
+    steps: pa.Table
+    step_chips: pa.Table
+    topology: Topology = field(default_factory=Topology)
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+    spans_dropped: int = 0
+    window_ns: int = 1
+
+    @property
+    def wall_ns(self) -> int:
+        return max(self.t1 - self.t0, 1)
+
+
+def _extent(con: Any, a: str) -> tuple[int, int, int]:
+    rows = con.sql(
+        f"SELECT (SELECT t0 FROM span_extent({a})), (SELECT t1 FROM span_extent({a})), "
+        f"count(*) FROM spans_raw WHERE {_where(a)}"
+    ).fetchall()
+    t0, t1, n = rows[0] if rows else (None, None, 0)
+    return int(t0 or 0), int(t1 or 0), int(n or 0)
+
+
+def _where(a: str) -> str:
+    since = a.split("since_ns := ")[1].split(",")[0]
+    until = a.split("until_ns := ")[1]
+    conds = ["TRUE"]
+    if since != "NULL":
+        conds.append(f"end_ns > {since}")
+    if until != "NULL":
+        conds.append(f"start_ns < {until}")
+    return " AND ".join(conds)
+
+
+def _util(con: Any, a: str, t0: int, w: int) -> pa.Table:
+    # One sorted pass (the union) feeding a per-window sum; per-chip busy is its total.
+    return _arrow(con, f"""
+        WITH b AS (SELECT * FROM chip_busy({a})),
+        x AS (SELECT chip_id, chip_type, start_ns, end_ns,
+                     unnest(range((start_ns - {t0}) // {w}, (end_ns - 1 - {t0}) // {w} + 1)) AS k
+              FROM b)
+        SELECT k AS window_index, {t0} + k * {w} AS window_start_ns, chip_id,
+               any_value(chip_type) AS chip_type,
+               CAST(sum(least(end_ns, {t0} + (k + 1) * {w}) - greatest(start_ns, {t0} + k * {w}))
+                    AS BIGINT) AS busy_ns
+        FROM x GROUP BY k, chip_id ORDER BY k, chip_id""")
+
+
+def _chip_ops(con: Any, a: str) -> tuple[pa.Table, pa.Table]:
+    # One scan, two groupings: per (step, chip) for stragglers, per (chip, kind, precision, name).
+    t = _arrow(con, f"""
+        SELECT lower(hex(trace_id)) AS trace_id, chip_id, any_value(chip_type) AS chip_type,
+               op_kind, op_precision, name, count(*) AS ops,
+               CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns, min(start_ns) AS first_ns,
+               max(end_ns) AS last_ns, CAST(sum(op_flops) AS DOUBLE) AS flops,
+               CAST(sum(op_bytes) AS DOUBLE) AS bytes, GROUPING(trace_id) AS g
+        FROM chip_ops({a})
+        GROUP BY GROUPING SETS ((trace_id, chip_id), (chip_id, op_kind, op_precision, name))""")
+    g = t.column("g").to_pylist()
+    per_step = t.filter(pa.array([x == 0 for x in g]))
+    per_op = t.filter(pa.array([x != 0 for x in g]))
+    step_chips = per_step.select(["trace_id", "chip_id", "chip_type", "first_ns", "last_ns", "op_ns"])
+    chip_ops = per_op.select(
+        ["chip_id", "chip_type", "op_kind", "op_precision", "name", "ops", "op_ns", "flops", "bytes"]
+    )
+    return step_chips, chip_ops
+
+
+def _links(con: Any, a: str) -> pa.Table:
+    return _arrow(con, f"""
+        WITH t AS (SELECT link_id, any_value(link_type) AS link_type, link_src, link_dst,
+                          count(*) AS transfers, CAST(sum(op_bytes) AS DOUBLE) AS bytes,
+                          CAST(sum(end_ns - start_ns) AS BIGINT) AS xfer_ns,
+                          median(op_bytes) AS median_bytes,
+                          median(span_end_ns - span_start_ns) AS median_ns,
+                          any_value(name) AS name
+                   FROM link_transfers({a}) GROUP BY link_id, link_src, link_dst),
+        b AS (SELECT link_id, link_src, link_dst, CAST(sum(end_ns - start_ns) AS BIGINT) AS busy_ns
+              FROM link_busy({a}) GROUP BY ALL)
+        SELECT t.*, coalesce(b.busy_ns, 0) AS busy_ns FROM t LEFT JOIN b
+          ON t.link_id = b.link_id AND t.link_src IS NOT DISTINCT FROM b.link_src
+         AND t.link_dst IS NOT DISTINCT FROM b.link_dst
+        ORDER BY t.link_id, t.link_src, t.link_dst""")
+
+
+def _steps(con: Any, a: str, step_name: str | None) -> pa.Table:
+    # A step is a root span with children; the most common such root name is "the step".
+    roots = _arrow(con, f"""
+        WITH p AS (SELECT DISTINCT parent_span_id AS id FROM spans_raw
+                   WHERE parent_span_id IS NOT NULL AND {_where(a)})
+        SELECT lower(hex(trace_id)) AS trace_id, lower(hex(span_id)) AS span_id,
+               CAST(name AS VARCHAR) AS name, start_ns, end_ns
+        FROM spans_raw s SEMI JOIN p ON p.id = s.span_id
+        WHERE s.parent_span_id IS NULL AND {_where(a)}
+        ORDER BY start_ns""")
+    if roots.num_rows == 0:
+        return roots
+    names = roots.column("name").to_pylist()
+    if step_name is None or step_name not in names:
+        step_name = max(set(names), key=lambda n: (names.count(n), n))
+    return roots.filter(pa.array([n == step_name for n in names]))
+
+
+def _manifests(con: Any) -> list[dict[str, Any]]:
+    out = []
+    for (raw,) in con.sql("SELECT manifest FROM runs").fetchall():
+        try:
+            m = json.loads(raw)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(m, dict):
+            out.append(m)
+    return out
+
+
+def load_tables(
+    con: Any,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+    *,
+    windows: int = 120,
+    step_name: str | None = None,
+) -> TraceTables:
+    """Reduce the store behind `con` (a `chiptrace.connect` connection) to TraceTables.
+
+    Args:
+        con: DuckDB connection with the chiptrace views and macros.
+        since_ns, until_ns: analyse only this time range (Unix ns); spans are clipped.
+        windows: how many time windows the utilization series has.
+        step_name: the root span name that marks a step (default: the most common root).
+    """
+    a = _args(since_ns, until_ns)
+    t0, t1, n = _extent(con, a)
+    w = max((t1 - t0) // max(windows, 1) + 1, 1)
+    step_chips, chip_ops = _chip_ops(con, a)
+    util = _util(con, a, t0, w)
+    chips = _chips(chip_ops, util)
+    manifests = _manifests(con)
+    dropped = sum(int(m.get("spans_dropped") or 0) for m in manifests)
+    return TraceTables(
+        t0=t0, t1=t1, spans=n, chips=chips, chip_ops=chip_ops, util=util,
+        links=_links(con, a), steps=_steps(con, a, step_name), step_chips=step_chips,
+        topology=merge_topologies(manifests), manifests=manifests, spans_dropped=dropped,
+        window_ns=w,
+    )  # fmt: skip
+
+
+def _chips(chip_ops: pa.Table, util: pa.Table) -> pa.Table:
+    """Per chip: busy (merged, from the util windows), ops, summed op time, flops, bytes."""
+    if chip_ops.num_rows == 0:
+        return pa.table({
+            "chip_id": pa.array([], pa.string()), "chip_type": pa.array([], pa.string()),
+            "busy_ns": pa.array([], pa.int64()), "ops": pa.array([], pa.int64()),
+            "op_ns": pa.array([], pa.int64()), "flops": pa.array([], pa.float64()),
+            "bytes": pa.array([], pa.float64()),
+        })  # fmt: skip
+    per = chip_ops.group_by("chip_id").aggregate(
+        [("chip_type", "max"), ("ops", "sum"), ("op_ns", "sum"), ("flops", "sum"), ("bytes", "sum")]
+    )
+    busy = dict(zip(*util.group_by("chip_id").aggregate([("busy_ns", "sum")])
+                    .select(["chip_id", "busy_ns_sum"]).to_pydict().values(), strict=True))  # fmt: skip
+    ids = per.column("chip_id").to_pylist()
+    out = pa.table({
+        "chip_id": ids, "chip_type": per.column("chip_type_max"),
+        "busy_ns": pa.array([int(busy.get(c) or 0) for c in ids], pa.int64()),
+        "ops": per.column("ops_sum"), "op_ns": per.column("op_ns_sum"),
+        "flops": per.column("flops_sum"), "bytes": per.column("bytes_sum"),
+    })  # fmt: skip
+    return out.sort_by("chip_id")

@@ -1,0 +1,39 @@
+"""Decorated code (only spans, no topology): a thread pool where one worker is slow."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from pathlib import Path
+
+import chiptrace
+from chiptrace.analysis import TraceAnalysis
+
+
+def _pool_run(steps: int = 4, slow: int = 2) -> None:
+    @chiptrace.trace(op="compute")
+    def work(worker: int) -> None:
+        with chiptrace.span("chunk", chip=f"cpu:{worker}"):
+            time.sleep(0.012 if worker == slow else 0.002)
+
+    @chiptrace.trace(name="step")
+    def step(pool: cf.ThreadPoolExecutor) -> None:
+        for f in [pool.submit(chiptrace.carry(work), w) for w in range(4)]:
+            f.result()
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        for _ in range(steps):
+            step(pool)
+
+
+def test_slow_worker_is_the_straggler(trace_dir: Path) -> None:
+    _pool_run()
+    chiptrace.flush()
+    ta = TraceAnalysis(trace_dir)
+    findings = ta.findings()
+    assert (findings[0].rule, findings[0].culprit) == ("straggler", "cpu:2"), findings
+    assert findings[0].severity == "high"
+    m = ta.metrics()
+    assert m["steps"] == 4 and m["mfu"] is None and m["utilization"]["cpu"] > 0
+    path = ta.critical_path()
+    assert [s.chip_id for s in path.segments if s.via != "gap"] == ["cpu:2"]
