@@ -116,13 +116,14 @@ class SampleBuffer:
     def add(self, ts_ns: int, samples: list[Sample]) -> None:
         """Append readings taken at `ts_ns` (Unix nanoseconds)."""
         c = self._cols
-        for s in samples:
+        values = [float(s.value) for s in samples]  # first: a bad value leaves no ragged row
+        for s, v in zip(samples, values, strict=True):
             c["ts_ns"].append(ts_ns)
             c["chip_id"].append(s.chip_id)
             c["chip_type"].append(s.chip_type)
             c["device"].append(s.device)
             c["metric"].append(s.metric)
-            c["value"].append(float(s.value))
+            c["value"].append(v)
             c["unit"].append(UNITS.get(s.metric, ""))
 
     def take(self) -> pa.RecordBatch | None:

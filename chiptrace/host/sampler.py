@@ -145,8 +145,19 @@ class HostSampler:
     # ------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        self._open_probes()
-        self._ready.set()
+        try:
+            self._open_probes()
+            self._ready.set()
+            self._loop()
+        except Exception as e:  # noqa: BLE001 - a sampler bug must not reach the program
+            log.warning("chiptrace: host sampler stopped: %s: %s", type(e).__name__, e)
+        finally:
+            self._ready.set()
+            self.thread_cpu_s = time.thread_time()
+            for probe in self.probes:
+                self._guard(probe.name, probe.close)
+
+    def _loop(self) -> None:
         last = last_flush = time.monotonic()
         next_tick = last + self.interval
         while not self._stop.wait(max(0.0, next_tick - time.monotonic())):
@@ -164,8 +175,6 @@ class HostSampler:
         now = time.monotonic()
         if now - last > MIN_FINAL_TICK_S:
             self._tick(time.time_ns(), now - last)
-        for probe in self.probes:
-            self._guard(probe.name, probe.close)
 
     def _open_probes(self) -> None:
         self.probes = psutil_probes()
@@ -219,7 +228,13 @@ class HostSampler:
 
     def _flush(self) -> int:
         with self._lock:
-            batch = self._buf.take()
+            n = len(self._buf)
+            try:
+                batch = self._buf.take()
+            except Exception as e:  # noqa: BLE001 - rows that cannot be columns are lost, not fatal
+                self.rows_dropped += n
+                log.warning("chiptrace: host metrics dropped: %s", e)
+                return 0
         if batch is None or self.writer is None:
             return 0
         try:

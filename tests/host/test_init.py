@@ -90,3 +90,18 @@ def test_part_writer_table_keeps_metrics_apart_from_spans(tmp_path: Path) -> Non
     w.write_manifest()
     (m,) = read_manifests([tmp_path])
     assert m["table"] == "metrics" and m["rows_written"] == 3 and m["spans_written"] == 0
+
+
+def test_import_and_query_stay_light(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, chiptrace\n"
+        f"con = chiptrace.connect({str(tmp_path)!r}, allow_empty=True)\n"
+        "con.execute('SELECT count(*) FROM metrics').fetchall()\n"
+        "heavy = {'psutil', 'pynvml', 'chiptrace.host.sampler'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

@@ -233,3 +233,30 @@ def test_chip_utilization_lists_every_real_cpu(tmp_path: Path) -> None:
     assert {r["chip_id"] for r in windows} == {f"cpu:{i}" for i in range(psutil.cpu_count())}
     assert windows[0]["window"] == 0 and all(0 <= r["utilization"] <= 1 for r in windows)
     assert max(r["window"] for r in windows) >= 2  # 0.2 s of samples in 50 ms windows
+
+
+class _Garbage:
+    """A probe whose readings cannot become rows (a bug, not a hardware failure)."""
+
+    name = "garbage"
+
+    def sample(self, dt: float) -> list[Sample]:
+        return [Sample("cpu.util", "not a number", "cpu:0", "cpu")]  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_sampler_bug_stops_the_sampler_not_the_program(tmp_path: Path, chiptrace_log) -> None:
+    s = HostSampler(tmp_path, interval=0.02, nvml=False).start()
+    assert s.wait_ready()
+    deadline = time.monotonic() + 5
+    while s.ticks < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s.probes.append(_Garbage())
+    while s._thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not s._thread.is_alive()
+    assert any("host sampler stopped: ValueError" in m for m in chiptrace_log.messages())
+    s.stop()  # still writes what it had and the manifest
+    assert s.rows_written > 0
