@@ -139,7 +139,7 @@ def write_other_part(directory: Path) -> int:
 
 @pytest.fixture
 def code_trace(tmp_path: Path) -> Iterator[Path]:
-    """A trace dir from decorated code plus a second writer's part: 11 spans, 4 traces."""
+    """A trace dir from decorated code plus a second writer's part: 11 spans, 3 traces."""
     out = tmp_path / "trace"
     chiptrace.init(out, service="trainer", resource={"deployment.environment": "test", "rank": 0},
                    flush_interval_s=60)  # fmt: skip
@@ -156,3 +156,43 @@ def stored_rows(directory: Path, where: str = "true") -> list[dict[str, Any]]:
 
 def stored_table(directory: Path) -> pa.Table:
     return chiptrace.connect(directory).sql("SELECT * FROM spans_raw").to_arrow_table()
+
+
+def write_rack_trace(directory: Path) -> dict[str, int]:
+    """A hand-made rack trace for layout checks; returns span name -> span id.
+
+    gpu:0 runs `a` [0, 100) with `c` [10, 20) inside it, and `b` [50, 150) overlapping `a`
+    without nesting (a second stream). `xfer` moves data over NVLink [150, 200) and feeds
+    `d` on gpu:1 through a link; `e` runs on gpu:1 as a child of the transfer.
+    """
+    names = ["a", "c", "b", "xfer", "d", "e"]
+    ids = {n: i + 1 for i, n in enumerate(names)}
+    t0 = 1_800_000_000_000_000_000
+    starts = [0, 10, 50, 150, 210, 205]
+    ends = [100, 20, 150, 200, 300, 209]
+    batch = batch_from_columns(
+        {
+            "trace_id": trace_ids_to_binary([bytes([9]) * 16] * 6),
+            "span_id": ids_to_binary([ids[n] for n in names]),
+            "parent_span_id": ids_to_binary([0, ids["a"], 0, 0, 0, ids["xfer"]], zero_is_null=True),
+            "name": names,
+            "start_ns": [t0 + s * 1000 + 7 for s in starts],
+            "end_ns": [t0 + e * 1000 + 7 for e in ends],
+            "chip_id": ["gpu:0", "gpu:0", "gpu:0", None, "gpu:1", "gpu:1"],
+            "chip_type": ["gpu", "gpu", "gpu", None, "gpu", "gpu"],
+            "link_id": [None, None, None, "nvlink6:gpu:0-gpu:1", None, None],
+            "link_type": [None, None, None, "nvlink6", None, None],
+            "op_kind": ["compute", "compute", "compute", "comm", "compute", "compute"],
+            "op_bytes": [None, None, None, 1 << 30, None, None],
+            "service": "rack",
+            "host": "node1",
+            "pid": 1,
+            "scope": "chiptrace.emulator",
+            "resource": json.dumps({"service.name": "rack"}),
+            "links": [None, None, None, None,
+                      json.dumps([{"trace_id": "09" * 16, "span_id": f"{ids['xfer']:016x}",
+                                   "attributes": {}}]), None],
+        }
+    )  # fmt: skip
+    PartWriter(directory).write(batch)
+    return ids
