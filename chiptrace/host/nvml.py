@@ -88,14 +88,24 @@ def _open_gpu(nv: Any, index: int) -> _Gpu:
     return gpu
 
 
+# nvmlValueType_t -> the member of the nvmlValue_t union that holds the number
+_VALUE_MEMBERS = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
+
+
 def field_value(v: Any) -> float | None:
     """The number in an nvmlFieldValue_t, or None when NVML reported an error for it."""
-    if v.nvmlReturn != 0:
+    member = _VALUE_MEMBERS.get(v.valueType)
+    if v.nvmlReturn != 0 or member is None:
         return None
-    u = v.value
-    return {
-        0: u.dVal, 1: u.uiVal, 2: u.ulVal, 3: u.ullVal, 4: u.sllVal, 5: u.siVal, 6: u.usVal,
-    }.get(v.valueType)  # fmt: skip
+    return float(getattr(v.value, member))
 
 
 def counter_rate(counters: dict[str, float], key: str, value: float, dt: float) -> float | None:
