@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         if sampler is not None:
             sampler.stop()
         raise HostError(f"record: cannot run {cmd[0]!r}: {e.strerror or e}") from e
+    if sampler is not None:
+        sampler.watch_process(proc.pid)
     try:
         rc = _wait(proc)
     finally:
@@ -196,6 +198,12 @@ def render(summary: Any, seconds: float, sampler: Any = None) -> list[str]:
     lines.append(f"spans         {summary.spans}" + (f" ({by_type})" if by_type else ""))
     if summary.cpu_util is not None:
         lines.append(f"cpu           {summary.cpu_util:.1f}% mean over {summary.cpus} logical CPUs")
+    if summary.program is not None:
+        mean, peak, cpu_s, rss = summary.program
+        lines.append(
+            f"program       {mean:.2f} cores mean, {peak:.2f} peak, {cpu_s:.2f} CPU s, "
+            f"{_bytes(rss)} peak RSS"
+        )
     if summary.top_nic is not None:
         name, chip, rx, tx = summary.top_nic
         if rx or tx:

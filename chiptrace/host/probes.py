@@ -187,6 +187,73 @@ class DiskProbe:
         pass
 
 
+class ProcessProbe:
+    """A process and its descendants (the program `chiptrace record` runs), as `device`
+    `pid:N`: `proc.cpu` (percent of one core, summed over the tree, so above 100 when it
+    uses several), `proc.cpu_seconds` (CPU time in the interval: SUM gives the total) and
+    `proc.rss` (resident bytes, summed).
+
+    Descendants are looked for every `refresh_every` samples (listing them walks /proc,
+    ~1 ms), and counted from when they are found.
+    """
+
+    name = "process"
+
+    def __init__(self, pid: int, refresh_every: int = 10) -> None:
+        self.pid = pid
+        self.device = f"pid:{pid}"
+        self.refresh_every = refresh_every
+        self._root = psutil.Process(pid)
+        self._procs: dict[int, psutil.Process] = {}
+        self._cpu: dict[int, float] = {}
+        self._n = 0
+        self._refresh()
+
+    def _refresh(self) -> None:
+        try:
+            found = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:
+            found = []
+        for proc in found:
+            if proc.pid not in self._procs:
+                self._procs[proc.pid] = proc
+                self._cpu[proc.pid] = _proc_cpu(proc) or 0.0  # count from here on
+
+    def sample(self, dt: float) -> list[Sample]:
+        self._n += 1
+        if self._n % self.refresh_every == 0:
+            self._refresh()
+        cpu, rss = 0.0, 0
+        for pid, proc in list(self._procs.items()):
+            try:
+                with proc.oneshot():
+                    now, mem = _proc_cpu(proc), proc.memory_info().rss
+            except psutil.Error:  # exited (its last slice is lost) or not ours to read
+                now = None
+            if now is None:
+                del self._procs[pid]
+                continue
+            cpu += max(0.0, now - self._cpu[pid])
+            self._cpu[pid] = now
+            rss += mem
+        if not self._procs:
+            return []
+        return [
+            Sample("proc.cpu", 100.0 * cpu / dt if dt > 0 else 0.0, device=self.device),
+            Sample("proc.cpu_seconds", cpu, device=self.device),
+            Sample("proc.rss", rss, device=self.device),
+        ]
+
+    def close(self) -> None:
+        pass
+
+
+def _proc_cpu(proc: psutil.Process) -> float | None:
+    # children_* fields count reaped children, which the tree already counts; leave them out
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
 def psutil_probes() -> list[Probe]:
     """The host probes that work here; one that fails to start is left out."""
     probes: list[Probe] = []

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from chiptrace import config as _config
 from chiptrace.host.metrics import (
     METRICS_TABLE,
@@ -24,7 +26,7 @@ from chiptrace.host.metrics import (
     SOURCE_REAL,
     SampleBuffer,
 )
-from chiptrace.host.probes import Probe, psutil_probes
+from chiptrace.host.probes import Probe, ProcessProbe, psutil_probes
 from chiptrace.store import PartWriter
 
 log = logging.getLogger("chiptrace")
@@ -124,6 +126,19 @@ class HostSampler:
         with self._write_lock:
             self._update_manifest(stopped_unix_ns=time.time_ns())
 
+    def watch_process(self, pid: int) -> bool:
+        """Also sample process `pid` and its descendants (`proc.*` metrics, device `pid:N`).
+
+        Returns:
+            False when the process is already gone or cannot be read.
+        """
+        try:
+            probe = ProcessProbe(pid)
+        except psutil.Error:
+            return False
+        self.probes.append(probe)
+        return True
+
     def wait_ready(self, timeout: float = 10.0) -> bool:
         """Wait until the probes have started and taken their baseline (for tests)."""
         return self._ready.wait(timeout)
@@ -177,7 +192,7 @@ class HostSampler:
             self._tick(time.time_ns(), now - last)
 
     def _open_probes(self) -> None:
-        self.probes = psutil_probes()
+        self.probes[:0] = psutil_probes()  # in place: watch_process() may have added one
         if not self.use_nvml:
             self.nvml_status = "off"
             return

@@ -31,6 +31,8 @@ class RunSummary:
         top_nic: (interface, chip id, bytes received, bytes sent) of the busiest interface.
         gpus: one entry per GPU NVML reported.
         samples: metric rows in the window.
+        program: (mean cores, peak cores, CPU seconds, peak RSS bytes) of the watched
+            process tree (`HostSampler.watch_process`), if there was one.
     """
 
     spans_by_chip_type: dict[str, int] = field(default_factory=dict)
@@ -39,6 +41,7 @@ class RunSummary:
     top_nic: tuple[str, str, float, float] | None = None
     gpus: list[GpuFigures] = field(default_factory=list)
     samples: int = 0
+    program: tuple[float, float, float, float] | None = None
 
     @property
     def spans(self) -> int:
@@ -81,6 +84,15 @@ def summarize(con: Any, since_ns: int = 0, until_ns: int | None = None) -> RunSu
         window,
     )
     out.top_nic = tuple(nic[0]) if nic else None  # type: ignore[assignment]
+    prog = _rows(
+        con,
+        "SELECT avg(value) FILTER (WHERE metric = 'proc.cpu') / 100, "
+        "max(value) FILTER (WHERE metric = 'proc.cpu') / 100, "
+        "sum(value) FILTER (WHERE metric = 'proc.cpu_seconds'), "
+        f"max(value) FILTER (WHERE metric = 'proc.rss') {m} AND metric LIKE 'proc.%'",
+        window,
+    )[0]
+    out.program = tuple(prog) if prog[0] is not None else None  # type: ignore[assignment]
     for row in _rows(
         con,
         "SELECT chip_id, any_value(device), "

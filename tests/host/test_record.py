@@ -48,7 +48,7 @@ def test_record_runs_the_program_and_stores_spans_and_metrics(tmp_path: Path) ->
     assert "child done" in r.stdout
     assert str(out) in r.stderr
     assert "spans         13 (gpu 12, nic 1)" in r.stderr
-    assert "% mean over" in r.stderr and "top nic" in r.stderr
+    assert "% mean over" in r.stderr and "top nic" in r.stderr and "program " in r.stderr
     con = chiptrace.connect(out)
     spans = dict(con.execute("SELECT chip_type, count(*) FROM spans GROUP BY 1").fetchall())
     assert spans == {"gpu": 12, "nic": 1}
@@ -57,6 +57,8 @@ def test_record_runs_the_program_and_stores_spans_and_metrics(tmp_path: Path) ->
     assert [s for s, _, _ in runs] == ["code", "real"]
     assert runs[0][1] == runs[1][1]  # one run id for the spans and the samples
     assert runs[0][2] == Path(sys.executable).name  # `python -c`: the service is the program
+    proc = con.execute("SELECT DISTINCT device FROM metrics WHERE metric = 'proc.rss'").fetchall()
+    assert len(proc) == 1 and proc[0][0].startswith("pid:")  # the recorded program
     manifest = con.execute("SELECT manifest FROM runs WHERE source = 'real'").fetchone()[0]
     assert '"command"' in manifest
 

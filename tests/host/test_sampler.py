@@ -260,3 +260,25 @@ def test_a_sampler_bug_stops_the_sampler_not_the_program(tmp_path: Path, chiptra
     assert any("host sampler stopped: ValueError" in m for m in chiptrace_log.messages())
     s.stop()  # still writes what it had and the manifest
     assert s.rows_written > 0
+
+
+def test_watched_process_tree_cpu_adds_up_to_what_the_kernel_counted(tmp_path: Path) -> None:
+    # The child starts a grandchild that spins, and waits for it: the kernel's rusage of the
+    # child then includes the grandchild, and so must the sampled proc.cpu_seconds (less the
+    # slices before the grandchild was found and after the last sample).
+    spawn = (
+        "import subprocess, sys\n"
+        f"subprocess.run([sys.executable, '-c', {BURN.format(s=1.5)!r}], check=True)\n"
+    )
+    with HostSampler(tmp_path, interval=0.05, nvml=False) as s:
+        assert s.wait_ready()
+        child = subprocess.Popen([sys.executable, "-c", spawn])
+        assert s.watch_process(child.pid)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+    kernel = usage.ru_utime + usage.ru_stime
+    rows = metric_rows(tmp_path, f"device = 'pid:{child.pid}'")
+    sampled = sum(r["value"] for r in rows if r["metric"] == "proc.cpu_seconds")
+    assert 0.5 * kernel <= sampled <= kernel + 0.05, (sampled, kernel)
+    assert max(r["value"] for r in rows if r["metric"] == "proc.rss") > 1_000_000
+    assert not s.watch_process(child.pid)  # gone: nothing to watch
