@@ -9,6 +9,7 @@ The one heavy step is the interval union for busy time (a sort of the op spans p
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,7 @@ class TraceTables:
         t0, t1: the analysed time range (Unix ns); spans: spans in it.
         chips: chip_id, chip_type, busy_ns (merged), ops, op_ns, flops, bytes.
         chip_ops: per chip, op kind, precision and name: ops, op_ns, flops, bytes.
-        util: per plot window and chip: window, window_start_ns, chip_id, chip_type, busy_ns.
+        util: per plot window and chip: window_index, window_start_ns, chip_id, busy_ns.
         links: per link direction: link_id, link_type, link_src, link_dst, transfers,
             bytes, xfer_ns (summed), busy_ns (merged), median_bytes, median_ns.
         steps: step roots: trace_id (hex), span_id (hex), name, start_ns, end_ns.
@@ -89,17 +90,31 @@ def _where(a: str) -> str:
 
 
 def _util(con: Any, a: str, t0: int, w: int) -> pa.Table:
-    # One sorted pass (the union) feeding a per-window sum; per-chip busy is its total.
-    return _arrow(con, f"""
-        WITH b AS (SELECT * FROM chip_busy({a})),
-        x AS (SELECT chip_id, chip_type, start_ns, end_ns,
-                     unnest(range((start_ns - {t0}) // {w}, (end_ns - 1 - {t0}) // {w} + 1)) AS k
-              FROM b)
-        SELECT k AS window_index, {t0} + k * {w} AS window_start_ns, chip_id,
-               any_value(chip_type) AS chip_type,
-               CAST(sum(least(end_ns, {t0} + (k + 1) * {w}) - greatest(start_ns, {t0} + k * {w}))
-                    AS BIGINT) AS busy_ns
-        FROM x GROUP BY k, chip_id ORDER BY k, chip_id""")
+    """Busy ns per (plot window, chip): the interval union (one sort of the op spans by chip
+    and start, running max of end) binned into windows; per-chip busy is its total.
+
+    Partitioning on an ENUM of the chip ids instead of the text sorts about 1.5x faster on
+    10M spans; pieces inside one window (nearly all) skip the range() unnest."""
+    enum = f"_ct_chip_{secrets.token_hex(4)}"
+    con.execute(f"CREATE TYPE {enum} AS ENUM (SELECT DISTINCT CAST(chip_id AS VARCHAR) "
+                f"FROM spans_raw WHERE chip_id IS NOT NULL)")  # fmt: skip
+    try:
+        return _arrow(con, f"""
+            WITH o AS (SELECT CAST(chip_id AS {enum}) AS c, start_ns AS s, end_ns AS e
+                       FROM chip_ops({a})),
+            b AS (SELECT c, e, greatest(s, coalesce(max(e) OVER (PARTITION BY c ORDER BY s
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), s)) AS s FROM o),
+            k AS (SELECT c, s, e, (s - {t0}) // {w} AS k0, (e - 1 - {t0}) // {w} AS k1
+                  FROM b WHERE e > s),
+            x AS (SELECT c, k0 AS k, e - s AS d FROM k WHERE k0 = k1
+                  UNION ALL
+                  SELECT c, kk, least(e, {t0} + (kk + 1) * {w}) - greatest(s, {t0} + kk * {w})
+                  FROM (SELECT *, unnest(range(k0, k1 + 1)) AS kk FROM k WHERE k0 < k1))
+            SELECT x.k AS window_index, {t0} + x.k * {w} AS window_start_ns,
+                   CAST(x.c AS VARCHAR) AS chip_id, CAST(sum(x.d) AS BIGINT) AS busy_ns
+            FROM x GROUP BY x.k, x.c ORDER BY 1, 3""")
+    finally:
+        con.execute(f"DROP TYPE IF EXISTS {enum}")
 
 
 def _chip_ops(con: Any, a: str) -> tuple[pa.Table, pa.Table]:

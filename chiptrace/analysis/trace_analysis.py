@@ -222,14 +222,17 @@ def utilization_series(t: TraceTables) -> dict[str, Any]:
     """Mean utilization per chip type per window: {window_ms, t0_ns, series: {type: [..]}}."""
     n_win = max((t.wall_ns + t.window_ns - 1) // t.window_ns, 1)
     count: dict[str, int] = {}
+    type_of: dict[str, str] = {}
     for r in t.chips.to_pylist():
         count[r["chip_type"]] = count.get(r["chip_type"], 0) + 1
+        type_of[r["chip_id"]] = r["chip_type"]
     series = {ct: [0.0] * n_win for ct in sorted(count)}
     for r in t.util.to_pylist():
         k = int(r["window_index"])
-        if 0 <= k < n_win and r["chip_type"] in series:
+        ctype = type_of.get(r["chip_id"])
+        if 0 <= k < n_win and ctype in series:
             width = min(t.window_ns, t.t1 - (t.t0 + k * t.window_ns)) or 1
-            series[r["chip_type"]][k] += r["busy_ns"] / width / count[r["chip_type"]]
+            series[ctype][k] += r["busy_ns"] / width / count[ctype]
     return {"window_ms": round(t.window_ns / 1e6, 6), "t0_ns": t.t0,
             "series": {k: [round(v, 4) for v in vs] for k, vs in series.items()}}  # fmt: skip
 

@@ -1,0 +1,165 @@
+"""`chiptrace report` on 10,000,000 spans: time and peak memory, beside a naive peer.
+
+chiptrace: the full `chiptrace report DIR --json` (every rule, metrics, critical path of the
+sampled steps, utilization series), run in a fresh child process.
+peer: the core of the same job written the obvious way in pure Python over pyarrow columns
+(leaf test via a set of parent ids, per-chip sort and interval union in a loop, binning
+into windows, step times, the slowest step's spans); no rules at all, so the peer does less.
+
+Each side runs in its own child process; peak memory is that child's ru_maxrss. The trace is
+synthetic (benchmarks/_synth.py: NumPy + batch_from_columns, about 5 s for 10M spans) and
+cached under /tmp. Targets (issue 4): at most 10 s and 4 GiB for chiptrace.
+
+    python3 benchmarks/bench_report.py            # 10M spans
+    python3 benchmarks/bench_report.py --quick    # 500k spans
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TARGET_S, TARGET_GIB = 10.0, 4.0
+
+
+def ensure_trace(n: int) -> Path:
+    """The cached synthetic trace dir of about n spans (built when missing)."""
+    sys.path.insert(0, str(HERE))
+    import _synth
+
+    d = Path(f"/tmp/chiptrace-bench-report-{n}")
+    if not (d / "spans").is_dir() or not any((d / "spans").glob("*.parquet")):
+        t = time.perf_counter()
+        made = _synth.make_trace(d, n)
+        print(f"generated {made:,} spans into {d} in {time.perf_counter() - t:.1f} s")
+    return d
+
+
+def child_chiptrace(d: str) -> dict:
+    """Exactly what a user runs: `chiptrace report DIR --json` (output discarded)."""
+    from chiptrace.cli import main
+
+    with open(os.devnull, "w") as devnull:
+        old, sys.stdout = sys.stdout, devnull
+        try:
+            rc = main(["report", d, "--json"])
+        finally:
+            sys.stdout = old
+    return {"rc": rc}
+
+
+def child_check(d: str) -> dict:
+    """Per-chip busy ns from chiptrace's macro, to check the peer computes the same."""
+    import chiptrace
+
+    con = chiptrace.connect(d)
+    busy = dict(con.sql(
+        "SELECT chip_id, CAST(sum(end_ns - start_ns) AS BIGINT) FROM chip_busy() GROUP BY 1"
+    ).fetchall())  # fmt: skip
+    return {"busy": busy}
+
+
+def _union_len(pairs: list[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
+    pairs.sort()
+    out: list[tuple[int, int]] = []
+    cs, ce = pairs[0]
+    for s, e in pairs[1:]:
+        if s <= ce:
+            ce = max(ce, e)
+        else:
+            out.append((cs, ce))
+            cs, ce = s, e
+    out.append((cs, ce))
+    return sum(e - s for s, e in out), out
+
+
+def child_peer(d: str, windows: int = 120) -> dict:
+    """The naive version: pyarrow columns to Python lists, then loops."""
+    import pyarrow.dataset as ds
+
+    cols = ["trace_id", "span_id", "parent_span_id", "chip_id", "start_ns", "end_ns", "name"]
+    table = ds.dataset(f"{d}/spans", format="parquet").to_table(columns=cols)
+    chip = table.column("chip_id").to_pylist()
+    span = table.column("span_id").to_pylist()
+    parent = table.column("parent_span_id").to_pylist()
+    start = table.column("start_ns").to_pylist()
+    end = table.column("end_ns").to_pylist()
+    trace = table.column("trace_id").to_pylist()
+    chip_parents = {p for p, c in zip(parent, chip, strict=True) if c is not None and p is not None}
+    per_chip: dict[str, list[tuple[int, int]]] = {}
+    for i, c in enumerate(chip):
+        if c is not None and span[i] not in chip_parents and end[i] > start[i]:
+            per_chip.setdefault(c, []).append((start[i], end[i]))
+    t0, t1 = min(start), max(end)
+    w = (t1 - t0) // windows + 1
+    busy, util = {}, {}
+    for c, pairs in per_chip.items():
+        busy[c], merged = _union_len(pairs)
+        bins = [0] * windows
+        for s, e in merged:
+            k = (s - t0) // w
+            while s < e:
+                edge = min(e, t0 + (k + 1) * w)
+                bins[k] += edge - s
+                s, k = edge, k + 1
+        util[c] = bins
+    roots = [(end[i] - start[i], trace[i]) for i in range(len(span)) if parent[i] is None]
+    slowest = max(roots)[1] if roots else None
+    step_spans = [i for i in range(len(span)) if trace[i] == slowest]
+    return {"rc": 0, "busy": busy, "steps": len(roots), "slowest_spans": len(step_spans)}
+
+
+def run_child(mode: str, d: Path) -> dict:
+    """Run one side in a fresh interpreter; returns its result, wall s and peak RSS GiB."""
+    t = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, str(d)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    wall = time.perf_counter() - t
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res["wall_s"] = wall
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="500k spans instead of 10M")
+    ap.add_argument("--spans", type=int, help="span count (default 10M, or 500k with --quick)")
+    ap.add_argument("--no-peer", action="store_true", help="skip the naive peer")
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "DIR"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        mode, d = args.child
+        res = {"chiptrace": child_chiptrace, "check": child_check, "peer": child_peer}[mode](d)
+        res["maxrss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(json.dumps(res, default=str))
+        return 0
+    n = args.spans or (500_000 if args.quick else 10_000_000)
+    d = ensure_trace(n)
+    ours = run_child("chiptrace", d)
+    print(f"spans: {n:,} (synthetic, 8 GPUs + CPU + 2 DPUs, ring all-reduce), trace dir {d}")
+    print(f"chiptrace report --json : {ours['wall_s']:7.2f} s (process wall, startup included)   "
+          f"peak RSS {ours['maxrss_gib']:.2f} GiB")  # fmt: skip
+    if not args.no_peer:
+        peer = run_child("peer", d)
+        print(f"naive pyarrow + Python  : {peer['wall_s']:7.2f} s   peak RSS {peer['maxrss_gib']:.2f} GiB")
+        check = run_child("check", d)["busy"]
+        same = check == peer["busy"]
+        print(f"ratio (peer / chiptrace): {peer['wall_s'] / ours['wall_s']:.1f}x time, "
+              f"{peer['maxrss_gib'] / ours['maxrss_gib']:.1f}x memory; per-chip busy time "
+              f"{'identical' if same else 'DIFFERS'} ({len(peer['busy'])} chips)")  # fmt: skip
+    ok = ours["wall_s"] <= TARGET_S and ours["maxrss_gib"] <= TARGET_GIB
+    print(f"target <= {TARGET_S:.0f} s and <= {TARGET_GIB:.0f} GiB: {'met' if ok else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
