@@ -82,15 +82,3 @@ def key_value(key: str, value: Any) -> bytes:
 def key_values(attrs: Mapping[str, Any], field_tag: bytes) -> bytes:
     """Repeated `KeyValue` fields under `field_tag` (the containing message's field)."""
     return b"".join(field(field_tag, key_value(k, v)) for k, v in attrs.items())
-
-
-def decode_any_value(value: Any) -> Any:
-    """Python value of an opentelemetry-proto `AnyValue` object (for tests and the collector)."""
-    which = value.WhichOneof("value")
-    if which is None:
-        return None
-    if which == "array_value":
-        return [decode_any_value(v) for v in value.array_value.values]
-    if which == "kvlist_value":
-        return {kv.key: decode_any_value(kv.value) for kv in value.kvlist_value.values}
-    return getattr(value, which)

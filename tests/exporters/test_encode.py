@@ -15,6 +15,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from chiptrace._otel import batch_to_readable_spans
+from chiptrace.collector.decode import decode_any_value
 from tests.exporters.conftest import stored_table
 
 
@@ -22,11 +23,11 @@ def _by_span(req: ExportTraceServiceRequest) -> dict[bytes, dict]:
     """span id -> the span's dict with its resource and scope, attributes order-free."""
     out = {}
     for rs in req.resource_spans:
-        res = {kv.key: _wire.decode_any_value(kv.value) for kv in rs.resource.attributes}
+        res = {kv.key: decode_any_value(kv.value) for kv in rs.resource.attributes}
         for ss in rs.scope_spans:
             for sp in ss.spans:
                 d = MessageToDict(sp)
-                d["attributes"] = {kv.key: _wire.decode_any_value(kv.value) for kv in sp.attributes}
+                d["attributes"] = {kv.key: decode_any_value(kv.value) for kv in sp.attributes}
                 d.pop("flags", None)  # the SDK sets only the is-remote bits here
                 out[sp.span_id] = {"span": d, "resource": res, "scope": ss.scope.name}
     return out
@@ -62,7 +63,7 @@ def test_requests_split_and_keep_every_span(code_trace: Path) -> None:
 def test_any_value_round_trip(value: object) -> None:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-    assert _wire.decode_any_value(AnyValue.FromString(_wire.any_value(value))) == value
+    assert decode_any_value(AnyValue.FromString(_wire.any_value(value))) == value
 
 
 def test_sliced_batches_encode_their_own_rows(code_trace: Path) -> None:

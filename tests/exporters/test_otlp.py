@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chiptrace.exporters._wire import decode_any_value
 
 import chiptrace
 from chiptrace._otel import span_attributes
 from chiptrace.cli import main
+from chiptrace.collector.decode import decode_any_value
 from tests.exporters.conftest import Receiver, stored_rows
 
 

@@ -1,0 +1,244 @@
+"""`chiptrace collect`: real OTel SDK exporters in other processes, bad input, SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pyarrow as pa
+import pytest
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+import chiptrace
+from chiptrace._otel import span_attributes
+from chiptrace.cli.collect import build
+from chiptrace.collector.receiver import OtlpReceiver
+from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
+
+SENDER = Path(__file__).with_name("sdk_sender.py")
+GRPC_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+class Collector:
+    """`chiptrace collect` run in-process through the CLI's own build(), on free ports."""
+
+    def __init__(self, out: Path, **opts: Any) -> None:
+        args = argparse.Namespace(listen="127.0.0.1:0", grpc="127.0.0.1:0", out=str(out),
+                                  partition_by=None, max_request_bytes=1 << 20, flush_interval=60.0,
+                                  flush_spans=1_000_000, max_buffered=1_000_000)  # fmt: skip
+        for k, v in opts.items():
+            setattr(args, k, v)
+        self.out = out
+        self.recorder, self.receiver = build(args)
+        self.receiver.start()
+        self.url = f"http://127.0.0.1:{self.receiver.http_port}/v1/traces"
+        self.grpc_target = f"127.0.0.1:{self.receiver.grpc_port}"
+
+    def close(self) -> None:
+        self.receiver.stop()
+        self.recorder.shutdown()
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Collector]:
+    c = Collector(tmp_path / "collected")
+    yield c
+    c.close()
+
+
+def post(url: str, body: bytes, ctype: str = "application/x-protobuf", **headers: str) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": ctype, **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def sample_request(n: int = 3, first_id: int = 1) -> bytes:
+    from chiptrace.exporters.otlp_encode import encode_request
+
+    batch = batch_from_columns({
+        "trace_id": trace_ids_to_binary([bytes([5]) * 16] * n),
+        "span_id": ids_to_binary(range(first_id, first_id + n)),
+        "name": "s", "start_ns": list(range(n)), "end_ns": list(range(1, n + 1)),
+        "chip_id": "npu:0", "chip_type": "npu", "resource": '{"service.name":"t"}', "scope": "x",
+    })  # fmt: skip
+    return encode_request(batch)
+
+
+def stored(out: Path) -> dict[str, dict]:
+    con = chiptrace.connect(out)
+    return {r["span_id"]: r for r in con.sql("SELECT * FROM spans").to_arrow_table().to_pylist()}
+
+
+def run_sender(*args: str) -> list[dict]:
+    proc = subprocess.run([sys.executable, str(SENDER), *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("transport", ["http", "http-gzip", "grpc", "grpc-gzip"])
+def test_real_sdk_exporters_spans_arrive_exactly(collector: Collector, transport: str) -> None:
+    args = ["--http", collector.url] if transport.startswith("http") else ["--grpc", collector.grpc_target]
+    sent = run_sender(*args, "--spans", "200", *(["--gzip"] if transport.endswith("gzip") else []))
+    collector.close()
+    rows = stored(collector.out)
+    assert len(rows) == len(sent) == 200
+    for s in sent:
+        r = rows[s["span_id"]]
+        assert (r["trace_id"], r["parent_span_id"]) == (s["trace_id"], s["parent"])
+        assert (r["start_ns"], r["end_ns"], r["name"]) == (s["start"], s["end"], s["name"])
+        assert r["kind"] == s["kind"] + 1  # the Python API counts from INTERNAL=0, OTLP from 1
+        assert span_attributes(r) == s["attributes"]
+        assert (r["service"], r["host"], r["pid"], r["scope"]) == ("sdk-app", "node7", 4242, "sdk.lib")
+        events = json.loads(r["events"]) if r["events"] else []
+        assert [[e["name"], e["time_ns"], e["attributes"]] for e in events] == s["events"]
+        links = json.loads(r["links"]) if r["links"] else []
+        assert [[lk["span_id"], lk["attributes"]] for lk in links] == s["links"]
+    assert {r["chip_id"] for r in rows.values()} == {None, "gpu:0", "gpu:1", "gpu:2", "gpu:3"}
+
+
+def _to_otlp_json(body: bytes) -> bytes:
+    """OTLP/JSON as the specification writes it: camelCase, ids in hex."""
+    doc = MessageToDict(ExportTraceServiceRequest.FromString(body))
+    import base64
+
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in sp:
+                        sp[key] = base64.b64decode(sp[key]).hex()
+    return json.dumps(doc).encode()
+
+
+def test_http_json_and_gzip(collector: Collector) -> None:
+    status, resp = post(collector.url, _to_otlp_json(sample_request(3, 100)), "application/json")
+    assert (status, resp) == (200, b"{}")
+    status, resp = post(collector.url, gzip.compress(sample_request(2, 200)), **{"Content-Encoding": "gzip"})
+    assert status == 200 and not ExportTraceServiceResponse.FromString(resp).HasField("partial_success")
+    collector.close()
+    rows = stored(collector.out)
+    assert sorted(int(k, 16) for k in rows) == [100, 101, 102, 200, 201]
+    assert {r["chip_id"] for r in rows.values()} == {"npu:0"}
+
+
+def _raw_http(port: int, head: bytes, body: bytes) -> int:
+    """Send head+body, close our side, return the status (for truncated bodies)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head + body)
+        s.shutdown(socket.SHUT_WR)
+        return int(s.makefile("rb").readline().split()[1])
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(collector: Collector) -> None:
+    url = collector.url
+    assert post(url, b"\x0a\xff\xff\xff")[0] == 400  # truncated length-delimited field
+    assert post(url, b"not json", "application/json")[0] == 400
+    assert post(url, b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz"}]}]}]}', "application/json")[0] == 400
+    assert post(url, sample_request(), "text/plain")[0] == 415
+    assert post(url, sample_request(), **{"Content-Encoding": "br"})[0] == 415
+    assert post(url, b"\x1f\x8b\x08garbage", **{"Content-Encoding": "gzip"})[0] == 400
+    assert post(url, b"x" * (1 << 20 + 1))[0] == 413
+    bomb = gzip.compress(b"\0" * (3 << 20))
+    assert post(url, bomb, **{"Content-Encoding": "gzip"})[0] == 413
+    assert post(url.replace("/v1/traces", "/v1/logs"), sample_request())[0] == 404
+    head = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            b"Content-Length: 500\r\n\r\n")  # fmt: skip
+    assert _raw_http(collector.receiver.http_port, head, sample_request()[:20]) == 400
+    # still serving, and nothing bad was stored
+    assert post(url, sample_request(3, 7))[0] == 200
+    collector.close()
+    assert sorted(int(k, 16) for k in stored(collector.out)) == [7, 8, 9]
+    assert collector.receiver.stats.errors == 10
+
+
+def test_bad_ids_are_rejected_as_partial_success(collector: Collector) -> None:
+    req = ExportTraceServiceRequest.FromString(sample_request(3, 1))
+    req.resource_spans[0].scope_spans[0].spans[1].span_id = b"\x01\x02"
+    status, resp = post(collector.url, req.SerializeToString())
+    assert status == 200
+    assert ExportTraceServiceResponse.FromString(resp).partial_success.rejected_spans == 1
+
+
+def test_grpc_errors(collector: Collector) -> None:
+    with grpc.insecure_channel(collector.grpc_target) as ch:
+        call = ch.unary_unary(GRPC_METHOD)
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"\x0a\xff\xff\xff", timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"\x0a" + b"x" * (2 << 20), timeout=10)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert ExportTraceServiceResponse.FromString(call(sample_request(), timeout=10)) is not None
+
+
+def test_partition_by_date_and_host(tmp_path: Path) -> None:
+    c = Collector(tmp_path / "p", partition_by="date,host")
+    try:
+        run_sender("--http", c.url, "--spans", "20")
+    finally:
+        c.close()
+    parts = list((tmp_path / "p" / "spans").rglob("*.parquet"))
+    assert parts and all(p.parent.name == "host=node7" and p.parent.parent.name.startswith("date=20")
+                         for p in parts)  # fmt: skip
+    assert len(stored(tmp_path / "p")) == 20
+
+
+def test_receiver_class_reusable_with_a_callback() -> None:
+    got: list[pa.RecordBatch] = []
+    with OtlpReceiver(got.append, http="127.0.0.1:0") as r:
+        assert post(f"http://127.0.0.1:{r.http_port}/v1/traces", sample_request(4))[0] == 200
+    assert sum(b.num_rows for b in got) == 4 and r.stats.spans == 4
+
+
+def test_sigterm_keeps_every_acknowledged_span(tmp_path: Path) -> None:
+    out = tmp_path / "sig"
+    proc = subprocess.Popen([sys.executable, "-m", "chiptrace", "collect", "--listen", "127.0.0.1:0",
+                             "--out", str(out), "--flush-interval", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    line = proc.stdout.readline()
+    url = line.split()[3]
+    acked: list[int] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        i = 1
+        while not stop.is_set():
+            try:
+                status, _ = post(url, sample_request(50, i))
+            except OSError:
+                return
+            if status == 200:
+                acked.extend(range(i, i + 50))
+            i += 50
+
+    t = threading.Thread(target=client)
+    t.start()
+    while len(acked) < 1000:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    stop.set()
+    t.join(timeout=30)
+    ids = {int(k, 16) for k in stored(out)}
+    assert set(acked) <= ids and len(acked) >= 1000
+    assert "stored" in proc.stderr.read()
