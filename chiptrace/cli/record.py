@@ -34,7 +34,11 @@ DESCRIPTION = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", metavar="DIR", help="trace dir (default: ./chiptrace-traces/<run-id>)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="trace dir (default: $CHIPTRACE_DIR, else ./chiptrace-traces/<run-id>)",
+    )
     p.add_argument(
         "--service", metavar="NAME", help="service.name of the spans (default: the program)"
     )
@@ -43,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="seconds between host samples (0.1)",
+        help="seconds between host samples (default: $CHIPTRACE_SAMPLE_INTERVAL, else 0.1)",
     )
     p.add_argument("--no-sample", action="store_true", help="trace only; do not sample the host")
     p.add_argument("--quiet", "-q", action="store_true", help="print no report")
@@ -120,15 +124,16 @@ def _wait(proc: subprocess.Popen[Any]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from chiptrace import config
+    from chiptrace.errors import ConfigError
     from chiptrace.host import HostError
-    from chiptrace.host.sampler import HostSampler, check_interval
+    from chiptrace.host.sampler import HostSampler
 
     cmd = _command(args)
-    interval = check_interval(
-        args.interval if args.interval is not None else config.DEFAULT_SAMPLE_INTERVAL_S
-    )
+    if args.interval is not None and not args.interval >= config.MIN_SAMPLE_INTERVAL_S:
+        raise ConfigError(f"--interval {args.interval:g}: expected at least 0.01 seconds")
+    _, interval = config.resolve_sampling(True, args.interval)  # --interval, then the env
     run_id = os.environ.get(config.ENV_RUN_ID) or config.new_run_id()
-    out = Path(args.out or Path(config.DEFAULT_ROOT) / run_id)
+    out = Path(args.out or os.environ.get(config.ENV_DIR) or Path(config.DEFAULT_ROOT) / run_id)
     service = args.service or os.environ.get(config.ENV_SERVICE) or service_name(cmd)
     sampler = None
     if not args.no_sample:

@@ -73,6 +73,9 @@ def test_record_bad_command_is_one_line(tmp_path: Path) -> None:
     r = _record(cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "no command given" in r.stderr
+    r = _record("--interval", "0", "--", "true", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == "chiptrace: error: --interval 0: expected at least 0.01 seconds\n"
 
 
 def test_service_name_from_the_command() -> None:
