@@ -1,14 +1,15 @@
 """Live bottleneck alerts from a dashboard snapshot: cheap rules over the window's figures.
 
-These run every refresh, so they look only at the snapshot (O(chips + links)). When the
-analysis package offers a windowed rule API (`chiptrace.analysis.live_findings`), its
-findings are used instead; this module is the fallback and the seam to swap.
+These run every refresh, so they look only at the snapshot (O(chips + links)). The
+analysis package's rules (`chiptrace.analysis.analyze` over the window, in DuckDB) run in a
+worker every few seconds when the source keeps a store; `merge` joins the two lists.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from chiptrace.viewer.model import Snapshot
@@ -83,23 +84,21 @@ RULES: tuple[Callable[[Snapshot], list[Alert]], ...] = (
 _RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 
-def _analysis_rules() -> Callable[[Snapshot], list[Alert]] | None:
-    """The analysis package's live rules, when it has them (it is built in parallel)."""
-    try:
-        from chiptrace.analysis import live_findings  # type: ignore[attr-defined]
-    except ImportError:
-        return None
+def from_findings(findings: list[Any]) -> list[Alert]:
+    """Alerts from the analysis package's `Finding`s (rule, severity, culprit, suggestion)."""
+    return [Alert(f.severity, f.rule, f.culprit, f.suggestion) for f in findings]
 
-    def run(snap: Snapshot) -> list[Alert]:
-        return [Alert(f.severity, f.rule, f.culprit, f.suggestion) for f in live_findings(snap)]
 
-    return run
+def merge(fast: list[Alert], deep: list[Alert]) -> list[Alert]:
+    """Both lists, one alert per culprit (the analysis's word wins), most severe first."""
+    seen = {a.culprit for a in deep}
+    both = deep + [a for a in fast if a.culprit not in seen]
+    return sorted(both, key=lambda a: (_RANK.get(a.severity, 9), a.rule, a.culprit))
 
 
 def derive_alerts(snap: Snapshot) -> list[Alert]:
     """Every rule's alerts for the snapshot, most severe first."""
     if snap.empty:
         return []
-    external = _analysis_rules()
-    alerts = external(snap) if external else [a for rule in RULES for a in rule(snap)]
+    alerts = [a for rule in RULES for a in rule(snap)]
     return sorted(alerts, key=lambda a: (_RANK.get(a.severity, 9), a.rule, a.culprit))

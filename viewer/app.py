@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from chiptrace.viewer.alerts import Alert, derive_alerts
+from chiptrace.viewer.alerts import Alert, derive_alerts, from_findings, merge
 from chiptrace.viewer.model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
 from chiptrace.viewer.queries import LiveStore
 from chiptrace.viewer.sources import SpanFeed
@@ -25,6 +25,8 @@ from textual.binding import Binding
 from textual.reactive import reactive
 from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
+
+from chiptrace.errors import ChiptraceError
 
 ZOOM_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)  # window = bucket x step
 
@@ -40,6 +42,8 @@ class ViewerApp(App[None]):
         window_ns: the initial dashboard window (zoom with + and -).
         refresh_s: dashboard refresh period.
         poll_s: how often the ingest worker polls the sources and drains the feed.
+        analysis_s: how often the analysis rules run over the window in DuckDB (needs a
+            store; 0 turns them off).
     """
 
     CSS_PATH = "viewer.tcss"
@@ -69,6 +73,7 @@ class ViewerApp(App[None]):
         window_ns: int | None = None,
         refresh_s: float = 0.1,
         poll_s: float = 0.1,
+        analysis_s: float = 2.0,
     ) -> None:
         super().__init__()
         self.sources = list(sources)
@@ -80,6 +85,8 @@ class ViewerApp(App[None]):
         self.refresh_seconds = 0.0  # time spent in refreshes (the benchmark reads it)
         self.snapshot: Snapshot | None = None
         self.alerts: list[Alert] = []
+        self.deep_alerts: list[Alert] = []  # from chiptrace.analysis, refreshed by a worker
+        self.analysis_s = analysis_s
         store_dir = next((s.store_dir for s in self.sources if getattr(s, "store_dir", None)), None)
         self.store = LiveStore(store_dir) if store_dir else None
         self.source_name = " + ".join(getattr(s, "name", "feed") for s in self.sources) or "feed"
@@ -100,6 +107,8 @@ class ViewerApp(App[None]):
     def on_mount(self) -> None:
         self._ingest_loop()
         self.set_interval(self.refresh_s, self.refresh_dashboard)
+        if self.store is not None and self.analysis_s > 0:
+            self.set_interval(self.analysis_s, self.run_analysis)
         self.refresh_dashboard()
 
     @property
@@ -128,14 +137,12 @@ class ViewerApp(App[None]):
     def _ingest_loop(self) -> None:
         """Off the UI thread: NumPy folding of arriving batches (~1 ms per 10k spans)."""
         worker = get_current_worker()
-        declared: set[int] = set()
         while not worker.is_cancelled:
             t = time.monotonic()
             try:
                 self.ingest_once()
             except Exception as e:  # noqa: BLE001 - keep following; show why on screen
                 self.call_from_thread(self.notify, f"ingest: {e}", severity="error")
-                declared.clear()
             time.sleep(max(0.0, self.poll_s - (time.monotonic() - t)))
 
     # ------------------------------------------------------------ refresh
@@ -146,12 +153,28 @@ class ViewerApp(App[None]):
             return
         t = time.perf_counter()
         self.snapshot = self.model.snapshot(self.window_ns)
-        self.alerts = derive_alerts(self.snapshot)
+        self.alerts = merge(derive_alerts(self.snapshot), self.deep_alerts)
         tabs = self.query_one(TabbedContent)
         if tabs.active == "dashboard":
             self.query_one(Dashboard).show(self.snapshot, self.alerts, self.source_name, self.paused)
         self.refreshes += 1
         self.refresh_seconds += time.perf_counter() - t
+
+    def run_analysis(self) -> None:
+        """Start the analysis rules over the dashboard's window (in a worker)."""
+        snap = self.snapshot
+        if self.paused or snap is None or snap.empty or self.store is None:
+            return
+        self._analyze(snap.since_ns, snap.until_ns)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="analysis")
+    def _analyze(self, since_ns: int, until_ns: int) -> None:
+        """DuckDB over the window: tens of ms to seconds, so never on the UI thread."""
+        try:
+            found = from_findings(self.store.findings(since_ns, until_ns))
+        except (ChiptraceError, ImportError):
+            found = []
+        self.call_from_thread(setattr, self, "deep_alerts", found)
 
     def watch_paused(self, paused: bool) -> None:
         self.set_class(paused, "-paused")
@@ -175,6 +198,7 @@ class ViewerApp(App[None]):
         active = self.query_one(TabbedContent).active
         if active == "explorer":
             self.query_one(Explorer).reload()
+            self.query_one("#waterfall").focus()
         elif active == "sql":
             self.query_one("#sql-input").focus()
         elif active == "dashboard":

@@ -243,8 +243,8 @@ class LiveModel:
             lid = values[c]
             src = svalues[s] if s >= 0 else None
             dst = dvalues[d] if d >= 0 else None
-            key = lid if (src is None or _direction_in_id(lid, src, dst)) else f"{lid}>{dst}"
             ltype = tvalues[tmask[j]] if tmask[j] >= 0 else lid.split(":")[0]
+            key = _direction_key(lid, ltype, src, dst)
             base = self.links.keys.get(lid)  # the other direction has the same bandwidth
             bw = self.links.meta[base].get("bandwidth") if base is not None else None
             rows[i] = self.links.row(key, type=ltype, src=src, dst=dst, bandwidth=bw)
@@ -398,10 +398,17 @@ def _bandwidth(link: Mapping[str, Any]) -> float | None:
     return None
 
 
-def _direction_in_id(link_id: str, src: str, dst: str | None) -> bool:
-    """True when the link id already names this direction (`TYPE:SRC-DST`)."""
+def _direction_key(link_id: str, link_type: str, src: str | None, dst: str | None) -> str:
+    """The row key of one link direction: the link id when it already reads src-dst,
+    else the id written the other way round (`nvlink6:gpu:1-gpu:0`)."""
+    if src is None or dst is None:
+        return link_id
     route = link_id.partition(":")[2]
-    return route in (f"{src}-{dst}", f"{src}->{dst}")
+    if route in (f"{src}-{dst}", f"{src}->{dst}"):
+        return link_id
+    if route in (f"{dst}-{src}", f"{dst}->{src}"):
+        return f"{link_type}:{src}-{dst}"
+    return f"{link_id} ({src}>{dst})"
 
 
 def _natural(key: str) -> tuple:

@@ -80,6 +80,13 @@ class LiveStore:
             raise StoreError(f"trace id {trace_id!r}: expected lowercase hex")
         return self.sql(TRACE_SPANS_SQL.format(trace_id=trace_id))
 
+    def findings(self, since_ns: int, until_ns: int) -> list[Any]:
+        """The analysis rules over [since_ns, until_ns) (`chiptrace.analysis.analyze`)."""
+        from chiptrace.analysis import analyze
+
+        with self._lock:
+            return analyze(self._connection(), since_ns, until_ns, sample_steps=1)
+
     def close(self) -> None:
         with self._lock:
             if self._con is not None:

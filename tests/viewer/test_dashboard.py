@@ -125,3 +125,18 @@ async def test_pause_freezes_and_zoom_changes_window(rack_dir: Path) -> None:
         await pilot.pause()
         assert "pause / resume" in screen_text(app)
         await pilot.press("escape")
+
+
+async def test_analysis_rules_run_over_the_window(rack_dir: Path) -> None:
+    app = ViewerApp([DirSource(rack_dir)], window_ns=WINDOW_NS, analysis_s=0)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _settle(app, pilot, 100)
+        app.run_analysis()
+        for _ in range(100):
+            if app.deep_alerts:
+                break
+            await pilot.pause(0.05)
+        app.refresh_dashboard()
+        await pilot.pause()
+        assert ("link-bound", SATURATED) in {(a.rule, a.culprit) for a in app.alerts}
+        assert ("idle-gpu", "gpu:3") in {(a.rule, a.culprit) for a in app.alerts}

@@ -34,14 +34,23 @@ async def test_waterfall_opens_on_a_trace(rack_dir: Path) -> None:
         assert {"gpu:0", "npu:0", "switch:0", "nvlink6:gpu:0-gpu:1"} <= lanes
         await _wait(pilot, lambda: "critical path" in screen_text(app))
         text = screen_text(app)
-        assert "▾ cpu:0" in text
-        wf.focus()
+        assert wf.lanes and "gpu:0 " in text and "█" in text  # Gantt: a row per chip/link
         await pilot.press("c")  # jump to a critical-path span: details say so
         await pilot.pause(0.1)
         detail = app.query_one(SpanDetail)
+        assert rows.critical[wf.selected]
         assert "critical path" in str(detail.render())
-        await pilot.press("down", "right_square_bracket")
+        before = wf.selected
+        await pilot.press("right")  # the next span in the same lane
+        assert rows.lane_of[wf.selected] == rows.lane_of[before] and wf.selected != before
+        await pilot.press("down")
+        assert rows.lane_of[wf.selected] == rows.lane_of[before] + 1
+        await pilot.press("right_square_bracket")
         assert wf.view[1] - wf.view[0] < rows.t1 - rows.t0
+        await pilot.press("g")  # a row per span, under lane headers
+        await pilot.pause(0.1)
+        assert not wf.lanes and rows.rows[wf.cursor] == wf.selected
+        assert "▾ " in screen_text(app)
 
 
 def test_waterfall_rows_lazy_at_100k_spans() -> None:

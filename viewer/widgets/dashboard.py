@@ -30,7 +30,9 @@ class Dashboard(Vertical):
                 yield SlowOpsPanel("", id="slowest")
 
     def show(self, snap: Snapshot, alerts: list[Alert], source: str, paused: bool) -> None:
-        """Redraw every panel from one snapshot."""
+        """Redraw every panel from one snapshot (a no-op until the panels are mounted)."""
+        if not self.query(StatusBar):
+            return
         self.query_one(StatusBar).show(snap, source, paused)
         for panel in self.query(ChipTypePanel):
             panel.show(snap.chips.get(panel.chip_type, []))

@@ -23,6 +23,7 @@ class SqlInput(Input):
     BINDINGS = [
         Binding("up", "history(-1)", "Older", show=False),
         Binding("down", "history(1)", "Newer", show=False),
+        Binding("escape", "leave", "Leave", show=False),
     ]
 
     def __init__(self, **kwargs: object) -> None:
@@ -34,6 +35,10 @@ class SqlInput(Input):
         if not self.history or self.history[-1] != sql:
             self.history.append(sql)
         self.pos = len(self.history)
+
+    def action_leave(self) -> None:
+        """Hand the keys back to the app (d, e, s, q ...) by focusing the result table."""
+        self.screen.query_one("#sql-result").focus()
 
     def action_history(self, delta: int) -> None:
         if not self.history:

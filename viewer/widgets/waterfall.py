@@ -62,6 +62,17 @@ class WaterfallRows:
         self.critical = np.array([i in crit for i in ids], dtype=bool)
         self.t0 = int(self.start.min()) if n else 0
         self.t1 = int(self.end.max()) if n else 1
+        # Lane (Gantt) mode: each lane's spans in start order, and where each span sits.
+        heads = np.flatnonzero(self.rows < 0)
+        bounds = np.r_[heads, len(self.rows)]
+        self.lane_names = [self.header_lane[int(h)] for h in heads]
+        self.lane_spans = [self.rows[bounds[k] + 1 : bounds[k + 1]] for k in range(len(heads))]
+        self.lane_of = np.zeros(n, dtype=np.int64)
+        self.row_of = np.zeros(n, dtype=np.int64)
+        for k, idx in enumerate(self.lane_spans):
+            self.lane_of[idx] = k
+            self.row_of[idx] = np.arange(bounds[k] + 1, bounds[k + 1])
+        self.critical_order = np.flatnonzero(self.critical)[np.argsort(self.start[self.critical], kind="stable")]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -76,28 +87,35 @@ _CHIPS = ("gpu", "cpu", "dpu", "npu", "nic", "switch")
 
 
 class Waterfall(ScrollView, can_focus=True):
-    """Gantt rows of one trace; up/down select a span, +/- zoom time around it."""
+    """One trace as Gantt rows: a row per chip and link (lanes), or a row per span (g).
+
+    Up/down move between rows, left/right between the spans of a lane, [ and ] zoom time
+    around the selected span, c jumps to the next span on the critical path.
+    """
 
     BINDINGS = [
         Binding("up", "cursor(-1)", "Up", show=False),
         Binding("down", "cursor(1)", "Down", show=False),
+        Binding("left", "step(-1)", "Prev span", show=False),
+        Binding("right", "step(1)", "Next span", show=False),
         Binding("pageup", "cursor(-20)", "Page up", show=False),
         Binding("pagedown", "cursor(20)", "Page down", show=False),
         Binding("home", "cursor(-1e12)", "First", show=False),
         Binding("end", "cursor(1e12)", "Last", show=False),
         Binding("right_square_bracket", "zoom(0.5)", "Zoom in"),
         Binding("left_square_bracket", "zoom(2)", "Zoom out"),
-        Binding("c", "next_critical", "Next critical"),
+        Binding("c", "next_critical", "Critical"),
+        Binding("g", "toggle_lanes", "Lanes/spans"),
     ]
     COMPONENT_CLASSES = {
         "waterfall--bar", "waterfall--critical", "waterfall--cursor",
         "waterfall--lane", "waterfall--label", "waterfall--axis",
     }  # fmt: skip
 
-    cursor = reactive(0)
+    lanes = reactive(True)
 
     class SpanSelected(Message):
-        """The cursor moved onto a span."""
+        """The selection moved onto a span."""
 
         def __init__(self, row: dict[str, Any]) -> None:
             self.row = row
@@ -107,72 +125,167 @@ class Waterfall(ScrollView, can_focus=True):
         super().__init__(**kwargs)
         self.data: WaterfallRows | None = None
         self.view = (0, 1)
+        self.cursor = 0  # row on screen: a lane (lane mode) or a row of data.rows
+        self.selected = -1  # span index
+
+    # ------------------------------------------------------------ state
 
     def load(self, data: WaterfallRows) -> None:
         """Show a laid-out trace (built in a worker: laying out is O(n log n))."""
         self.data = data
         self.view = (data.t0, max(data.t1, data.t0 + 1))
-        self.virtual_size = Size(self.size.width, len(data))
-        self.cursor = 1 if len(data) > 1 else 0
+        self._resize_virtual()
         self.scroll_to(0, 0, animate=False)
-        self.refresh()
+        first = data.critical_order[0] if len(data.critical_order) else (data.rows[1] if len(data) > 1 else -1)
+        self._select(int(first))
 
-    def watch_cursor(self, old: int, new: int) -> None:
-        if self.data is None or not len(self.data):
+    def _n_rows(self) -> int:
+        if self.data is None:
+            return 0
+        return len(self.data.lane_names) if self.lanes else len(self.data)
+
+    def _resize_virtual(self) -> None:
+        self.virtual_size = Size(self.size.width, self._n_rows())
+
+    def _select(self, i: int) -> None:
+        """Select span i: move the cursor to its row, keep it in view, show its details."""
+        d = self.data
+        if d is None or i < 0:
             return
-        self.scroll_to_region(Region(0, new, 1, 1), animate=False)
+        self.selected = i
+        self.cursor = int(d.lane_of[i] if self.lanes else d.row_of[i])
+        lo, hi = self.view
+        if d.end[i] < lo or d.start[i] > hi:  # pan the time axis to it, same zoom
+            half = (hi - lo) // 2
+            mid = (d.start[i] + d.end[i]) // 2
+            lo = min(max(mid - half, d.t0), max(d.t1 - 2 * half, d.t0))
+            self.view = (lo, lo + 2 * half)
+        # After a lanes/spans switch the virtual size changes first: scroll once it has.
+        self.call_after_refresh(self.scroll_to_region, Region(0, self.cursor, 1, 1), animate=False)
         self.refresh()
-        i = int(self.data.rows[new])
-        if i >= 0:
-            self.post_message(self.SpanSelected(self.data.span_row(i)))
+        self.post_message(self.SpanSelected(d.span_row(i)))
+
+    def watch_lanes(self) -> None:
+        if self.data is not None:
+            self._resize_virtual()
+            self._select(self.selected)
+
+    # ------------------------------------------------------------ actions
+
+    def action_toggle_lanes(self) -> None:
+        self.lanes = not self.lanes
 
     def action_cursor(self, delta: float) -> None:
-        if self.data is None or not len(self.data):
+        d = self.data
+        if d is None or not self._n_rows():
             return
-        target = int(min(max(self.cursor + delta, 0), len(self.data) - 1))
+        target = int(min(max(self.cursor + delta, 0), self._n_rows() - 1))
+        if self.lanes:  # the span of the new lane nearest in time to the selected one
+            spans = d.lane_spans[target]
+            t = d.start[self.selected] if self.selected >= 0 else d.t0
+            k = min(int(np.searchsorted(d.start[spans], t)), len(spans) - 1)
+            self._select(int(spans[k]))
+            return
         step = 1 if delta > 0 else -1
-        while 0 <= target < len(self.data) and self.data.rows[target] < 0:  # skip lane headers
+        while 0 <= target < len(d) and d.rows[target] < 0:  # skip lane headers
             target += step
-        if 0 <= target < len(self.data):
-            self.cursor = target
+        if 0 <= target < len(d):
+            self._select(int(d.rows[target]))
+
+    def action_step(self, delta: int) -> None:
+        """The previous or next span in the selected span's lane."""
+        d = self.data
+        if d is None or self.selected < 0:
+            return
+        if not self.lanes:
+            self.action_cursor(delta)
+            return
+        spans = d.lane_spans[int(d.lane_of[self.selected])]
+        k = int(np.flatnonzero(spans == self.selected)[0]) + delta
+        if 0 <= k < len(spans):
+            self._select(int(spans[k]))
 
     def action_zoom(self, factor: float) -> None:
         """Narrow (factor < 1) or widen the time axis around the selected span."""
-        if self.data is None:
+        d = self.data
+        if d is None:
             return
-        i = int(self.data.rows[self.cursor]) if len(self.data) else -1
         lo, hi = self.view
-        mid = (self.data.start[i] + self.data.end[i]) // 2 if i >= 0 else (lo + hi) // 2
+        i = self.selected
+        mid = (d.start[i] + d.end[i]) // 2 if i >= 0 else (lo + hi) // 2
         half = max(int((hi - lo) * factor / 2), 500)
-        full = self.data.t1 - self.data.t0
-        if 2 * half >= full:
-            self.view = (self.data.t0, self.data.t1)
+        if 2 * half >= d.t1 - d.t0:
+            self.view = (d.t0, d.t1)
         else:
-            lo = min(max(mid - half, self.data.t0), self.data.t1 - 2 * half)
+            lo = min(max(mid - half, d.t0), d.t1 - 2 * half)
             self.view = (lo, lo + 2 * half)
         self.refresh()
 
     def action_next_critical(self) -> None:
-        if self.data is None:
+        d = self.data
+        if d is None or not len(d.critical_order):
             return
-        rows = self.data.rows
-        crit = np.flatnonzero((rows >= 0) & self.data.critical[np.maximum(rows, 0)])
-        after = crit[crit > self.cursor]
-        if len(crit):
-            self.cursor = int(after[0] if len(after) else crit[0])
+        order = d.critical_order
+        pos = np.flatnonzero(order == self.selected)
+        k = (int(pos[0]) + 1) % len(order) if len(pos) else 0
+        self._select(int(order[k]))
+
+    # ------------------------------------------------------------ drawing
 
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
+        _, scroll_y = self.scroll_offset
         row = y + scroll_y
         width = self.size.width
-        if self.data is None or row >= len(self.data):
+        if self.data is None or row >= self._n_rows():
             return Strip.blank(width, self.rich_style)
+        if self.lanes:
+            return self._gantt_line(row, width)
         i = int(self.data.rows[row])
-        if i < 0:
-            return self._lane_line(row, width)
-        return self._span_line(row, i, width)
+        return self._header_line(row, width) if i < 0 else self._span_line(row, i, width)
 
-    def _lane_line(self, row: int, width: int) -> Strip:
+    def _columns(self, idx: np.ndarray, bar_w: int) -> tuple[np.ndarray, np.ndarray]:
+        """Bar columns [a, b) of spans idx on the current time axis (at least one cell)."""
+        lo, hi = self.view
+        scale = bar_w / max(hi - lo, 1)
+        a = np.clip(((self.data.start[idx] - lo) * scale).astype(np.int64), 0, bar_w - 1)
+        b = np.clip(np.ceil((self.data.end[idx] - lo) * scale).astype(np.int64), 0, bar_w)
+        return a, np.maximum(b, a + 1)
+
+    def _gantt_line(self, lane: int, width: int) -> Strip:
+        d = self.data
+        label_w = min(LABEL_MAX, max(10, width // 4))
+        bar_w = max(width - label_w - 1, 4)
+        spans = d.lane_spans[lane]
+        lo, hi = self.view
+        spans = spans[(d.start[spans] <= hi) & (d.end[spans] >= lo)]
+        state = np.zeros(bar_w + 1, dtype=np.int8)  # 0 idle, 1 busy, 2 critical, 3 selected
+        for level, idx in ((1, spans), (2, spans[d.critical[spans]]),
+                           (3, spans[spans == self.selected])):  # fmt: skip
+            if len(idx):
+                a, b = self._columns(idx, bar_w)
+                diff = np.zeros(bar_w + 1, dtype=np.int64)
+                np.add.at(diff, a, 1)
+                np.add.at(diff, b, -1)
+                state[np.cumsum(diff) > 0] = level
+        base = self.rich_style
+        styles = {0: base, 1: self.get_component_rich_style("waterfall--bar") + Style(bgcolor=base.bgcolor),
+                  2: self.get_component_rich_style("waterfall--critical") + Style(bgcolor=base.bgcolor),
+                  3: self.get_component_rich_style("waterfall--cursor")}  # fmt: skip
+        label_style = self.get_component_rich_style("waterfall--lane")
+        if lane == self.cursor:
+            label_style += self.get_component_rich_style("waterfall--cursor")
+        name = d.lane_names[lane]
+        name = name if len(name) <= label_w else name[: label_w - 1] + "…"
+        segs = [Segment(f"{name:<{label_w}} ", label_style)]
+        state = state[:bar_w]
+        cuts = np.flatnonzero(np.diff(state)) + 1
+        for run in np.split(np.arange(bar_w), cuts):
+            if len(run):
+                level = int(state[run[0]])
+                segs.append(Segment(("·" if level == 0 else "█") * len(run), styles[level]))
+        return Strip(segs).crop_extend(0, width, base)
+
+    def _header_line(self, row: int, width: int) -> Strip:
         lane = self.data.header_lane.get(row, "")
         lo, hi = self.view
         text = f"▾ {lane}"
@@ -187,32 +300,27 @@ class Waterfall(ScrollView, can_focus=True):
         label_w = min(LABEL_MAX, max(10, width // 3))
         bar_w = max(width - label_w - 10, 4)
         crit = bool(d.critical[i])
-        mark = "◆" if crit else " "
-        label = f"{mark} {d.names[i]}"[:label_w].ljust(label_w)
+        label = f"{'◆' if crit else ' '} {d.names[i]}"[:label_w].ljust(label_w)
         dur = f"{human_ns(d.end[i] - d.start[i]):>9} "
         lo, hi = self.view
-        scale = bar_w / max(hi - lo, 1)
-        a = int((d.start[i] - lo) * scale)
-        b = int(np.ceil((d.end[i] - lo) * scale))
-        a, b = min(max(a, 0), bar_w), min(max(b, 0), bar_w)
-        if b <= a and d.end[i] >= lo and d.start[i] <= hi:
-            b = min(a + 1, bar_w)
-            a = b - 1
+        (a,), (b,) = self._columns(np.array([i]), bar_w)
+        if d.end[i] < lo or d.start[i] > hi:
+            a = b = 0
         base = self.rich_style
         bar_style = self.get_component_rich_style("waterfall--critical" if crit else "waterfall--bar")
         label_style = self.get_component_rich_style("waterfall--label")
-        if row == self.cursor:
+        if i == self.selected:
             cursor = self.get_component_rich_style("waterfall--cursor")
             label_style, base = label_style + cursor, base + cursor
         segs = [
             Segment(label, label_style),
             Segment(dur, label_style),
-            Segment(" " * a, base),
-            Segment("█" * (b - a), bar_style + Style(bgcolor=base.bgcolor)),
-            Segment(" " * (bar_w - b), base),
+            Segment(" " * int(a), base),
+            Segment("█" * int(b - a), bar_style + Style(bgcolor=base.bgcolor)),
+            Segment(" " * int(bar_w - b), base),
         ]
         return Strip(segs).crop_extend(0, width, base)
 
     def on_resize(self) -> None:
         if self.data is not None:
-            self.virtual_size = Size(self.size.width, len(self.data))
+            self._resize_virtual()
