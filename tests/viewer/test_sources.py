@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from chiptrace.viewer.app import ViewerApp
-from chiptrace.viewer.otlp import OtlpAddressError, OtlpSource, parse_address
+from chiptrace.viewer.otlp import OtlpSource, parse_address
 from chiptrace.viewer.sources import FeedSource, SpanFeed
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -18,6 +18,7 @@ from viewer_helpers import screen_text
 import chiptrace
 from chiptrace.cli import main
 from chiptrace.config import resolve
+from chiptrace.errors import ConfigError
 from chiptrace.recorder import Recorder, StoreSink
 from chiptrace.store import PartWriter
 
@@ -72,7 +73,8 @@ def test_otlp_rejects_garbage(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=5)
         assert e.value.code == 400
-        assert source.bad_requests == 1
+        assert source.receiver.stats.errors == 1
+        assert source.feed.received == 0
     finally:
         source.stop()
 
@@ -80,7 +82,7 @@ def test_otlp_rejects_garbage(tmp_path: Path) -> None:
 def test_parse_address() -> None:
     assert parse_address("127.0.0.1:4318") == ("127.0.0.1", 4318)
     assert parse_address("9999") == ("127.0.0.1", 9999)
-    with pytest.raises(OtlpAddressError, match="HOST:PORT"):
+    with pytest.raises(ConfigError, match="HOST:PORT"):
         parse_address("localhost:http")
 
 
