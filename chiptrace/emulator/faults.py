@@ -1,0 +1,88 @@
+"""Faults injected into a run: `KIND:TARGET[:VALUE]`, TARGET a chip or link id as in the spans.
+
+- `slow:gpu:3:4`                     gpu:3 computes 4x slower
+- `degrade:nvlink6:gpu:1-switch:0:0.1` that link runs at 10% of its bandwidth, both ways
+- `down:nvlink6:gpu:1-switch:0`      that link is gone: traffic reroutes, or the run fails
+- `straggler:gpu:5:0.5`              gpu:5 starts each step 0.5 ms late
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from chiptrace.emulator.errors import FaultError
+from chiptrace.emulator.topology import Topology
+
+KINDS = ("slow", "degrade", "down", "straggler")
+_NEEDS_VALUE = {"slow": "a factor > 0 (4 = four times slower)", "degrade": "a fraction in (0, 1]",
+                "straggler": "a delay in ms >= 0"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One parsed fault."""
+
+    spec: str
+    kind: str
+    target: str
+    value: float | None = None
+
+    def to_manifest(self) -> dict[str, object]:
+        return {"spec": self.spec, "kind": self.kind, "target": self.target, "value": self.value}
+
+
+def parse_fault(spec: str, topology: Topology) -> Fault:
+    """Parse and check one `--fault` value against the topology.
+
+    Raises:
+        FaultError: malformed, unknown kind, bad value, or a target not in the topology.
+    """
+    kind, sep, rest = str(spec).partition(":")
+    if kind not in KINDS or not sep or not rest:
+        raise FaultError(f"--fault {spec!r}: expected KIND:TARGET[:VALUE] with KIND one of {', '.join(KINDS)}")
+    links = {lk.id for lk in topology.links}
+    if kind != "down" and (rest in links or rest in topology.chips):
+        raise FaultError(f"--fault {spec!r}: {kind} needs a VALUE after the target: {_NEEDS_VALUE[kind]}")
+    if kind == "down":
+        target, value = rest, None
+    else:
+        target, _, raw = rest.rpartition(":")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise FaultError(f"--fault {spec!r}: VALUE {raw!r} is not a number; expected {_NEEDS_VALUE[kind]}") from None
+        ok = {"slow": value > 0, "degrade": 0 < value <= 1, "straggler": value >= 0}[kind]
+        if not ok or not np.isfinite(value):
+            raise FaultError(f"--fault {spec!r}: VALUE {raw!r}: expected {_NEEDS_VALUE[kind]}")
+    known = links if kind in ("degrade", "down") else topology.chips
+    if target not in known:
+        what = "link" if kind in ("degrade", "down") else "chip"
+        example = next(iter(known), "?")
+        raise FaultError(f"--fault {spec!r}: no {what} {target!r} in topology {topology.name} (e.g. {example!r})")
+    return Fault(spec, kind, target, value)
+
+
+@dataclass
+class Effects:
+    """What the faults do, per chip and per link (arrays indexed like the topology)."""
+
+    topology: Topology
+    bandwidth: list[float]
+    slow: dict[str, float]
+    delay_ns: dict[str, float]
+
+
+def apply_faults(topology: Topology, faults: Iterable[Fault]) -> Effects:
+    """The faulted topology (down links removed) with degraded bandwidths and chip effects."""
+    faults = list(faults)
+    down = {f.target for f in faults if f.kind == "down"}
+    links = [lk for lk in topology.links if lk.id not in down]
+    topo = replace(topology, links=links) if down else topology
+    factor = {f.target: f.value for f in faults if f.kind == "degrade"}
+    bandwidth = [lk.bandwidth * factor.get(lk.id, 1.0) for lk in links]
+    slow = {f.target: f.value for f in faults if f.kind == "slow"}
+    delay = {f.target: f.value * 1e6 for f in faults if f.kind == "straggler"}
+    return Effects(topo, bandwidth, slow, delay)  # type: ignore[arg-type]

@@ -1,0 +1,159 @@
+"""Data-parallel training on the emulated rack, one step at a time, in NumPy.
+
+A step, per GPU rank: DPUs preprocess the rank's input (prefetched one step ahead), a
+host-to-device copy moves it to the GPU (PCIe or C2C, whatever the route is), forward and
+backward run layer by layer, gradients are all-reduced in buckets (ring or tree; overlapped
+with backward or not), and the optimizer updates on the GPUs or on the CPUs (gradients down,
+parameters back up). The regular parts (layers, collective rounds) are vectorized; the
+irregular traffic (input copies, offload copies) goes through the fluid fair-share model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from chiptrace.emulator import collectives
+from chiptrace.emulator.context import Context
+from chiptrace.emulator.errors import WorkloadError
+from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
+from chiptrace.emulator.scheduler import assign
+
+_ADAM_BYTES = 12.0  # fp32 master weights + two moments per parameter
+_ACT_FACTOR = 16.0  # activations kept per token, per layer, in units of hidden * bytes
+
+
+@dataclass
+class TrainConfig:
+    """Knobs of the training workload (all settable with `--set key=value`)."""
+
+    layers: int = 16
+    hidden: int = 4096
+    batch: int = 4  # sequences per GPU per step
+    seq: int = 2048
+    bucket_mb: float = 1600.0  # gradient bucket size; small buckets make the all-reduce latency-bound
+    overlap: bool = True  # all-reduce buckets while backward still runs
+    allreduce: str = "ring"  # ring | tree
+    channels: int = 0  # collective channels; 0 = one per parallel switch plane
+    optimizer: str = "gpu"  # gpu | cpu (ZeRO-offload style: gradients down, parameters up)
+    input_mb: float = 64.0  # raw input per GPU per step, preprocessed on a DPU
+    preprocess_flops_per_byte: float = 50.0  # DPU work per input byte (decode, augment, tokenize)
+    prefetch: bool = True  # preprocess step s+1 while step s computes
+
+    @property
+    def params_per_layer(self) -> float:
+        return 12.0 * self.hidden**2
+
+    @property
+    def params(self) -> float:
+        return self.params_per_layer * self.layers
+
+    def check(self) -> None:
+        """Raises WorkloadError for out-of-range knobs."""
+        for k in ("layers", "hidden", "batch", "seq"):
+            if getattr(self, k) < 1:
+                raise WorkloadError(f"workload {k} = {getattr(self, k)!r}: expected an integer >= 1")
+        for k in ("bucket_mb", "input_mb", "preprocess_flops_per_byte"):
+            if not getattr(self, k) > 0:
+                raise WorkloadError(f"workload {k} = {getattr(self, k)!r}: expected a number > 0")
+        if self.allreduce not in collectives.ALGORITHMS:
+            raise WorkloadError(f"workload allreduce = {self.allreduce!r}: expected ring or tree")
+        if self.optimizer not in ("gpu", "cpu"):
+            raise WorkloadError(f"workload optimizer = {self.optimizer!r}: expected gpu or cpu")
+
+
+def memory_bytes(cfg: TrainConfig, precision: str, gpus: int) -> float:
+    """Per-GPU footprint: weights and activations at the compute precision, bf16 (or fp32)
+    gradients, Adam state when the optimizer runs on the GPU."""
+    w = BYTES[precision]
+    g = 4.0 if precision == "fp32" else 2.0
+    states = _ADAM_BYTES if cfg.optimizer == "gpu" else 0.0
+    acts = cfg.batch * cfg.seq * cfg.hidden * cfg.layers * _ACT_FACTOR * w
+    return cfg.params * (w + g + states) + acts
+
+
+class Training:
+    """The training workload bound to a run context; `step(s)` emits one step's spans."""
+
+    def __init__(self, ctx: Context, cfg: TrainConfig) -> None:
+        cfg.check()
+        self.ctx, self.cfg = ctx, cfg
+        topo = ctx.topology
+        self.gpus = topo.of_type("gpu")
+        if not self.gpus:
+            raise WorkloadError(f"topology {topo.name} has no GPUs to train on")
+        self.dpus = topo.of_type("dpu") or topo.of_type("cpu")
+        self.cpus = topo.of_type("cpu")
+        if cfg.optimizer == "cpu" and not self.cpus:
+            raise WorkloadError(f"workload optimizer = 'cpu' but topology {topo.name} has no CPU")
+        g0 = topo.chips[self.gpus[0]]
+        self.precision = resolve_precision(g0, ctx.precision)
+        self.grad_bytes = 4.0 if self.precision == "fp32" else 2.0
+        need = memory_bytes(cfg, self.precision, len(self.gpus))
+        small = min(self.gpus, key=lambda g: topo.chips[g].memory_bytes)
+        if need > topo.chips[small].memory_bytes:
+            raise WorkloadError(
+                f"workload does not fit: needs {need / 1e9:.1f} GB per GPU, {small} "
+                f"({topo.chips[small].model}) has {topo.chips[small].memory_bytes / 1e9:.0f} GB; "
+                "lower layers, hidden or batch, or use a narrower precision"
+            )
+        self.memory_per_gpu = need
+        self.host = {g: self._nearest_cpu(g) for g in self.gpus}
+        self.buckets = self._buckets()
+        self.dpu_free = dict.fromkeys(self.dpus, 0.0)
+        self.plans: dict[tuple[str, int], list] = {}  # collective rounds per bucket size
+        self.t = 0.0  # end of the previous step
+        self.prev_start = 0.0
+
+    def _nearest_cpu(self, gpu: str) -> str | None:
+        if not self.cpus:
+            return None
+        return min(self.cpus, key=lambda c: (self.ctx.network.route(gpu, c).latency_ns, c))
+
+    def _buckets(self) -> list[list[int]]:
+        """Layers in backward order, grouped until a bucket holds bucket_mb of gradients."""
+        per_layer = self.cfg.params_per_layer * self.grad_bytes
+        out, cur, size = [], [], 0.0
+        for layer in reversed(range(self.cfg.layers)):
+            cur.append(layer)
+            size += per_layer
+            if size >= self.cfg.bucket_mb * 1e6:
+                out.append(cur)
+                cur, size = [], 0.0
+        if cur:
+            out.append(cur)
+        return out
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "train", **asdict(self.cfg), "params": self.cfg.params, "precision": self.precision,
+                "memory_bytes_per_gpu": self.memory_per_gpu, "buckets": len(self.buckets)}  # fmt: skip
+
+    def step(self, s: int) -> float:
+        """Emit step `s`; returns its end (virtual ns)."""
+        from chiptrace.emulator.train_step import run_step
+
+        start = self.t
+        end = run_step(self, s, start)
+        self.prev_start, self.t = start, end
+        return end
+
+
+def input_plan(tr: Training, release: float) -> tuple[dict[str, str], dict[str, float]]:
+    """Which DPU preprocesses each rank's input (the schedule policy) and when it can start."""
+    ctx, cfg = tr.ctx, tr.cfg
+    nbytes = cfg.input_mb * 1e6
+    durations = {
+        d: float(roofline_ns(ctx.topology.chips[d], nbytes * cfg.preprocess_flops_per_byte, 2 * nbytes,
+                             resolve_precision(ctx.topology.chips[d], "fp32"), ctx.slow.get(d, 1.0)))
+        for d in tr.dpus
+    }  # fmt: skip
+    free = {d: max(tr.dpu_free[d], release) + ctx.delay.get(d, 0.0) for d in tr.dpus}
+    placement = assign(tr.gpus, tr.dpus, durations, free, ctx.schedule)
+    return placement, durations
+
+
+def cumulative(start: np.ndarray, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Back-to-back ops per row: (starts, ends) with each row beginning at start[row]."""
+    ends = start[:, None] + np.cumsum(durations, axis=1)
+    return ends - durations, ends

@@ -1,0 +1,88 @@
+"""End to end: emulate() writes a real trace dir that DuckDB reads back."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from chiptrace.cli import main
+from chiptrace.emulator import emulate
+from chiptrace.query import connect
+from chiptrace.schema import parse_link
+from chiptrace.store import part_files, read_manifests
+
+
+def _table(out):
+    return pq.ParquetDataset([str(p) for p in part_files(out)]).read().sort_by(
+        [("start_ns", "ascending"), ("span_id", "ascending")]
+    )
+
+
+def test_same_seed_same_span_table_ids_included(tmp_path):
+    a = emulate(steps=3, seed=7, out=tmp_path / "a", progress=False)
+    b = emulate(steps=3, seed=7, out=tmp_path / "b", progress=False)
+    c = emulate(steps=3, seed=8, out=tmp_path / "c", progress=False)
+    ta, tb, tc = _table(a.out), _table(b.out), _table(c.out)
+    assert ta.num_rows == a.spans > 1000
+    assert ta.equals(tb)
+    assert not ta.column("span_id").equals(tc.column("span_id"))
+
+
+def test_manifest_carries_topology_faults_and_source(tmp_path):
+    r = emulate(steps=2, seed=1, out=tmp_path / "t", faults=["slow:gpu:3:4"], progress=False)
+    (m,) = read_manifests([r.out])
+    assert m["source"] == "emulator"
+    assert m["faults"] == [{"spec": "slow:gpu:3:4", "kind": "slow", "target": "gpu:3", "value": 4.0}]
+    chips = {c["id"]: c for c in m["topology"]["chips"]}
+    assert chips["gpu:0"]["peak_flops"]["bf16"] == 2.25e15
+    links = {lk["id"]: lk for lk in m["topology"]["links"]}
+    assert links["nvlink6:gpu:0-switch:0"]["bandwidth_Bps"] == 1.8e12
+    assert m["emulation"]["spans"] == m["spans_written"] == r.spans
+
+
+def test_span_tree_chip_ops_transfers_and_links(tmp_path):
+    r = emulate(steps=2, seed=1, out=tmp_path / "t", progress=False)
+    con = connect(r.out)
+    roots = con.sql("SELECT count(*) FROM spans WHERE parent_span_id IS NULL").fetchall()[0][0]
+    assert roots == 2
+    orphans = con.sql(
+        "SELECT count(*) FROM spans s LEFT JOIN spans p ON s.parent_span_id = p.span_id "
+        "WHERE s.parent_span_id IS NOT NULL AND p.span_id IS NULL"
+    ).fetchall()[0][0]
+    assert orphans == 0
+    phases = {n for (n,) in con.sql("SELECT DISTINCT name FROM spans WHERE parent_span_id IN "
+                                     "(SELECT span_id FROM spans WHERE parent_span_id IS NULL)").fetchall()}  # fmt: skip
+    assert phases == {"input", "forward", "backward", "allreduce", "optimizer"}
+    for link_id, src, dst in con.sql("SELECT DISTINCT link_id, link_src, link_dst FROM spans WHERE link_id IS NOT NULL").fetchall():
+        lk = parse_link(link_id)
+        assert {src, dst} == {lk.src, lk.dst}
+    assert con.sql("SELECT count(*) FROM spans WHERE chip_id IS NOT NULL AND op_kind = 'compute' "
+                   "AND (op_flops IS NULL OR op_precision IS NULL)").fetchall()[0][0] == 0  # fmt: skip
+    # Every forward pass's first layer links to the host-to-device copy that fed it.
+    rows = con.sql("SELECT s.links, s.trace_id FROM spans s WHERE s.name = 'fwd.0'").fetchall()
+    assert len(rows) == 16
+    for links, trace in rows:
+        (target,) = json.loads(links)
+        assert target["trace_id"] == trace
+        name = con.sql(f"SELECT name FROM spans WHERE span_id = '{target['span_id']}'").fetchall()
+        assert name == [("h2d",)]
+
+
+def test_down_link_reroutes_and_is_recorded(tmp_path):
+    r = emulate(steps=1, seed=1, out=tmp_path / "t", faults=["down:nvlink6:gpu:1-switch:0"], progress=False)
+    con = connect(r.out)
+    used = {x for (x,) in con.sql("SELECT DISTINCT link_id FROM spans WHERE link_id IS NOT NULL").fetchall()}
+    assert "nvlink6:gpu:1-switch:0" not in used and "c2c:gpu:1-cpu:0" in used
+
+
+def test_cli_emulate_writes_a_trace(tmp_path, capsys):
+    out = tmp_path / "cli"
+    rc = main(["emulate", "--topology", "rack6", "--workload", "train", "--steps", "2", "--seed", "1",
+               "--out", str(out), "--fault", "straggler:gpu:2:0.5", "--no-progress"])  # fmt: skip
+    assert rc == 0
+    assert "2 train steps on rack6" in capsys.readouterr().out
+    con = connect(out)
+    last = dict(con.sql("SELECT chip_id, max(start_ns) FROM spans WHERE name = 'fwd.0' GROUP BY ALL").fetchall())
+    assert last["gpu:2"] - last["gpu:1"] == pytest.approx(0.5e6, abs=1)
