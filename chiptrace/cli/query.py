@@ -10,10 +10,10 @@ from typing import Any
 
 NAME = "query"
 ORDER = 20
-HELP = "run SQL over trace dirs (views: spans, chips, links, runs)"
+HELP = "run SQL over trace dirs (views: spans, chips, links, runs, metrics)"
 DESCRIPTION = (
     "Run DuckDB SQL over one or more trace directories (globs allowed) as one dataset. "
-    "Views: spans, spans_raw, chips, links, runs (see docs/sql.md)."
+    "Views: spans, spans_raw, chips, links, runs, metrics, plus the analysis macros (see docs/sql.md)."
 )
 FORMATS = ("table", "csv", "json", "parquet")
 
