@@ -30,8 +30,9 @@ class Alert:
 
 
 def saturated_links(snap: Snapshot) -> list[Alert]:
-    """A link direction running at >= 90% of its bandwidth (or busy >= 90% of the window)."""
-    out = []
+    """A link direction running at >= 90% of its bandwidth, or busy >= 90% of the window
+    (at a fraction of its nominal bandwidth, that is a degraded or latency-bound link)."""
+    out, slow = [], []
     for link in snap.links:
         sat = link.saturation
         if sat is not None and sat >= SATURATED:
@@ -40,6 +41,16 @@ def saturated_links(snap: Snapshot) -> list[Alert]:
         elif sat is None and link.utilization >= SATURATED:
             out.append(Alert("medium", "link-busy", link.id,
                              f"{link.id} busy {link.utilization:.0%} of the window"))  # fmt: skip
+        elif link.utilization >= SATURATED:  # always busy, yet far below its nominal bandwidth
+            slow.append(link)
+    # A transfer is as slow as its narrowest hop, so the hops after a degraded link look slow
+    # too; the degraded one is slow in both directions (its own traffic each way).
+    directions = {(r.type, r.src, r.dst) for r in slow}
+    for r in slow:
+        both = (r.type, r.dst, r.src) in directions and r.src != r.dst
+        out.append(Alert("high" if both else "medium", "link-slow", r.id,
+                         f"{r.id} busy {r.utilization:.0%} at {r.saturation:.0%} of its bandwidth: "
+                         + ("degraded?" if both else "waits on a slower hop or latency")))  # fmt: skip
     return out
 
 

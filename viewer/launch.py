@@ -104,3 +104,69 @@ def summary_text(snap: Snapshot, alerts: Sequence[Alert]) -> str:
         lines.append("")
         lines += [f"  slow  {s.name} on {s.where}: {human_ns(s.duration_ns)}" for s in snap.slowest[:5]]
     return "\n".join(lines)
+
+
+def save_screenshot(app, path: str | Path, size: tuple[int, int] = (100, 32), settle_s: float = 1.0) -> Path:  # noqa: ANN001
+    """Run `app` headless until its sources have been read, save the screen as SVG, quit."""
+    path = Path(path)
+
+    async def pilot_fn(pilot) -> None:  # noqa: ANN001
+        last, still = -1, 0.0
+        while still < settle_s:  # until nothing new arrives for settle_s
+            await pilot.pause(0.1)
+            n = app.model.spans_total
+            still = still + 0.1 if n == last and n else 0.0
+            last = n
+        app.refresh_dashboard()
+        await pilot.pause(0.2)
+        app.save_screenshot(path.name, str(path.parent.resolve()))
+        app.exit()
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    app.run(headless=True, size=size, auto_pilot=pilot_fn)
+    return path
+
+
+class EmulatorRun:
+    """The emulator paced to wall time in a background thread, feeding a viewer in-process.
+
+    Args:
+        feed: the viewer's feed (a recorder sink beside the store).
+        kwargs: `chiptrace.emulator.run.emulate` arguments (realtime and sinks are set here).
+    """
+
+    def __init__(self, feed: SpanFeed, **kwargs: object) -> None:
+        import threading
+
+        self.kwargs = {**kwargs, "realtime": True, "sinks": [feed], "progress": False}
+        self.result = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chiptrace-emulator", daemon=True)
+
+    def _run(self) -> None:
+        from chiptrace.emulator.run import emulate
+
+        try:
+            self.result = emulate(**self.kwargs)
+        except BaseException as e:  # noqa: BLE001 - reported by the caller after the UI ends
+            self.error = e
+        finally:
+            self.done.set()
+
+    def start(self) -> EmulatorRun:
+        self._thread.start()
+        return self
+
+
+def emulator_app(out: str | Path, **kwargs: object):  # noqa: ANN201 - imports Textual lazily
+    """A ViewerApp showing an emulated run live, and the (started) EmulatorRun feeding it."""
+    from chiptrace.viewer.app import ViewerApp
+    from chiptrace.viewer.sources import FeedSource
+
+    feed = SpanFeed()
+    name = f"emulated {kwargs.get('topology', 'rack6')}"
+    app = ViewerApp([FeedSource(out, name=name)], feed=feed, bucket_ns=DEFAULT_BUCKET_NS // 10,
+                    window_ns=DEFAULT_BUCKET_NS * 10)  # fmt: skip
+    run = EmulatorRun(feed, out=out, **kwargs)
+    return app, run

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay a finished trace paced to wall time (SPEED x real time)")  # fmt: skip
     p.add_argument("--window-ms", type=float, metavar="MS", help="initial dashboard window")
     p.add_argument("--no-ui", action="store_true", help="print the dashboard once as text and exit")
+    p.add_argument("--screenshot", metavar="FILE.svg",
+                   help="render the dashboard headless once DIR is read, save it as SVG, exit")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,8 +49,14 @@ def run(args: argparse.Namespace) -> int:
         raise StoreError(f"{args.dir}: expected a trace directory, not a file")
     if args.replay is not None and args.replay <= 0:
         raise ViewArgumentError(f"--replay {args.replay}: expected a positive speed")
-    from chiptrace.viewer.launch import dir_app, summarize_dir
+    from chiptrace.viewer.launch import dir_app, save_screenshot, summarize_dir
 
+    if args.screenshot:
+        if not directory.is_dir():
+            raise StoreError(f"trace dir {args.dir!r} does not exist")
+        path = save_screenshot(dir_app(directory, window_ns=window_ns), args.screenshot)
+        print(f"chiptrace: dashboard saved to {path}")
+        return 0
     if args.no_ui or not sys.stdout.isatty():
         if not directory.is_dir():
             raise StoreError(f"trace dir {args.dir!r} does not exist")

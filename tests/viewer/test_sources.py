@@ -130,3 +130,35 @@ def test_cli_view_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "not a file" in capsys.readouterr().err
     assert main(["view", "--otlp", "nohost:port"]) == 2
     assert "HOST:PORT" in capsys.readouterr().err
+
+
+def test_cli_view_screenshot(rack_dir: Path, tmp_path: Path) -> None:
+    svg = tmp_path / "shots" / "dash.svg"
+    assert main(["view", str(rack_dir), "--screenshot", str(svg)]) == 0
+    text = svg.read_text()
+    assert text.startswith("<svg") and "GPU" in text and "ALERTS" in text
+
+
+async def test_emulator_feeds_the_viewer_in_process(tmp_path: Path) -> None:
+    pytest.importorskip("chiptrace.emulator.run")
+    from chiptrace.viewer.launch import emulator_app
+
+    app, run = emulator_app(tmp_path / "emu", topology="rack6", workload="train", steps=3,
+                            faults=["degrade:nvlink6:gpu:0-switch:0:0.05"])  # fmt: skip
+    run.start()
+    async with app.run_test(size=(100, 32)) as pilot:
+        assert run.done.wait(60) and run.error is None
+        for _ in range(100):
+            if app.model.spans_total >= run.result.spans:
+                break
+            await pilot.pause(0.05)
+        app.refresh_dashboard()
+        await pilot.pause()
+        assert app.model.spans_total == run.result.spans
+        assert len(app.snapshot.chips["gpu"]) == 8
+        # The degraded link: busy all the window at a few % of its nominal bandwidth.
+        link = {r.id: r for r in app.snapshot.links}["nvlink6:gpu:0-switch:0"]
+        assert link.bandwidth and link.saturation < 0.1 and link.utilization > 0.9
+        high = {a.culprit for a in app.alerts if a.severity == "high"}
+        assert "nvlink6:gpu:0-switch:0" in high
+        assert "nvlink6:gpu:7-switch:0" not in high  # a hop after it: slow, not the culprit
