@@ -23,39 +23,75 @@ def _chip_type(chip: str | None) -> str:
     return (chip or "").rsplit("/", 1)[-1].split(":")[0]
 
 
+def _physical(links: list[dict]) -> dict[str, dict]:
+    """Both directions of each link together. A transfer routed over several hops is one
+    span per hop with the route's time, so a slow hop makes every hop of its routes look
+    slow in one direction; only the slow link itself looks slow in both."""
+    out: dict[str, dict] = {}
+    for r in links:
+        p = out.setdefault(r["link_id"], {"type": r["link_type"], "bytes": 0.0, "busy": 0,
+                                          "transfers": 0, "sizes": []})  # fmt: skip
+        p["bytes"] += r["bytes"]
+        p["busy"] += r["busy_ns"]
+        p["transfers"] += r["transfers"]
+        p["sizes"].append(r["median_bytes"] or 0)
+    return out
+
+
+def _slow_links(x: RuleInput, links: list[dict]) -> list[Finding]:
+    t = x.tables
+    phys = _physical(links)
+    peers: dict[str, list[float]] = defaultdict(list)
+    for p in phys.values():
+        peers[p["type"]].append(p["bytes"] / p["busy"])
+    out = []
+    for link_id, p in phys.items():
+        if len(peers[p["type"]]) < 3 or statistics.median(p["sizes"]) < SMALL_MESSAGE:
+            continue
+        peer = statistics.median(peers[p["type"]]) * 1e9
+        achieved = p["bytes"] / p["busy"] * 1e9
+        if achieved >= SLOW_LINK * peer:
+            continue
+        lost = p["busy"] * (1 - achieved / peer)
+        share = min(lost / (x.step_ns * max(t.steps.num_rows, 1)), 1.0)
+        nominal = t.topology.bandwidth(link_id)
+        out.append(Finding(
+            "link-bound", severity_for(share), link_id,
+            {"cause": "slow link", "link_type": p["type"], "achieved_GBps": round(achieved / 1e9, 3),
+             "peer_median_GBps": round(peer / 1e9, 3),
+             "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
+             "busy_share": round(p["busy"] / t.wall_ns, 4), "transfers": p["transfers"],
+             "lost_ms": _ms(lost)},
+            f"{link_id} moves {achieved / peer:.0%} of what other {p['type']} links do: check "
+            f"the link (degraded lanes, errors) or route around it", share))  # fmt: skip
+    return out
+
+
 def link_bound(x: RuleInput) -> list[Finding]:
-    """A link direction near saturation, or far slower than its peers, while chips wait."""
+    """A link far slower than its peers, or a link direction near saturation while the
+    chip it feeds waits."""
     t = x.tables
     links = [r for r in t.links.to_pylist() if r["busy_ns"] > 0 and r["bytes"]]
+    out = _slow_links(x, links)
+    slow = {f.culprit for f in out}
     util = {r["chip_id"]: r["busy_ns"] / t.wall_ns for r in t.chips.to_pylist()}
-    peers: dict[str, list[float]] = defaultdict(list)
-    for r in links:
-        peers[r["link_type"]].append(r["bytes"] / r["busy_ns"])
-    out = []
     for r in links:
         achieved = r["bytes"] / r["busy_ns"] * 1e9  # bytes/s while busy
         nominal = t.topology.bandwidth(r["link_id"])
         busy = r["busy_ns"] / t.wall_ns
-        peer = statistics.median(peers[r["link_type"]]) * 1e9 if len(peers[r["link_type"]]) >= 3 else None
-        ev = {"link_type": r["link_type"], "src": r["link_src"], "dst": r["link_dst"],
-              "busy_share": round(busy, 4), "achieved_GBps": round(achieved / 1e9, 3),
-              "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
-              "peer_median_GBps": round(peer / 1e9, 3) if peer else None,
-              "transfers": r["transfers"], "bytes": r["bytes"]}  # fmt: skip
-        if peer and achieved < SLOW_LINK * peer and (r["median_bytes"] or 0) >= SMALL_MESSAGE:
-            share = min(r["busy_ns"] * (1 - achieved / peer) / x.step_ns / max(t.steps.num_rows, 1), 1.0)
-            out.append(Finding(
-                "link-bound", severity_for(share), r["link_id"], {**ev, "cause": "slow link"},
-                f"{r['link_id']} moves {achieved / peer:.0%} of what other {r['link_type']} links "
-                f"do: check the link (degraded lanes, errors) or route around it", share))
-        elif busy >= BUSY and (nominal is None or achieved >= SATURATED * nominal):
-            waiting = 1 - util.get(r["link_dst"] or "", 0.0)
-            share = min(busy * waiting, 1.0)
-            out.append(Finding(
-                "link-bound", severity_for(share), r["link_id"],
-                {**ev, "cause": "saturated", "dst_idle_share": round(waiting, 4)},
-                f"{r['link_id']} is busy {busy:.0%} of the time at {achieved / 1e9:.0f} GB/s: "
-                f"compress or shard the traffic, or use a faster link", share))  # fmt: skip
+        if r["link_id"] in slow or busy < BUSY or (nominal and achieved < SATURATED * nominal):
+            continue
+        waiting = 1 - util.get(r["link_dst"] or "", 0.0)
+        share = min(busy * waiting, 1.0)
+        out.append(Finding(
+            "link-bound", severity_for(share), r["link_id"],
+            {"cause": "saturated", "link_type": r["link_type"], "src": r["link_src"],
+             "dst": r["link_dst"], "busy_share": round(busy, 4),
+             "achieved_GBps": round(achieved / 1e9, 3),
+             "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
+             "dst_idle_share": round(waiting, 4), "transfers": r["transfers"]},
+            f"{r['link_id']} is busy {busy:.0%} of the time at {achieved / 1e9:.0f} GB/s: "
+            f"compress or shard the traffic, or use a faster link", share))  # fmt: skip
     return out
 
 

@@ -138,20 +138,23 @@ def _chip_ops(con: Any, a: str) -> tuple[pa.Table, pa.Table]:
 
 
 def _links(con: Any, a: str) -> pa.Table:
+    # One scan and one sort: totals, medians and the busy union per link direction together.
     return _arrow(con, f"""
-        WITH t AS (SELECT link_id, any_value(link_type) AS link_type, link_src, link_dst,
-                          count(*) AS transfers, CAST(sum(op_bytes) AS DOUBLE) AS bytes,
-                          CAST(sum(end_ns - start_ns) AS BIGINT) AS xfer_ns,
-                          median(op_bytes) AS median_bytes,
-                          median(span_end_ns - span_start_ns) AS median_ns,
-                          any_value(name) AS name
-                   FROM link_transfers({a}) GROUP BY link_id, link_src, link_dst),
-        b AS (SELECT link_id, link_src, link_dst, CAST(sum(end_ns - start_ns) AS BIGINT) AS busy_ns
-              FROM link_busy({a}) GROUP BY ALL)
-        SELECT t.*, coalesce(b.busy_ns, 0) AS busy_ns FROM t LEFT JOIN b
-          ON t.link_id = b.link_id AND t.link_src IS NOT DISTINCT FROM b.link_src
-         AND t.link_dst IS NOT DISTINCT FROM b.link_dst
-        ORDER BY t.link_id, t.link_src, t.link_dst""")
+        WITH t AS (
+            SELECT link_id, link_type, link_src, link_dst, op_bytes, name, start_ns, end_ns,
+                   span_end_ns - span_start_ns AS dur,
+                   greatest(start_ns, coalesce(max(end_ns) OVER (
+                       PARTITION BY link_id, link_src, link_dst ORDER BY start_ns
+                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), start_ns)) AS piece
+            FROM link_transfers({a}))
+        SELECT link_id, any_value(link_type) AS link_type, link_src, link_dst,
+               count(*) AS transfers, CAST(sum(op_bytes) AS DOUBLE) AS bytes,
+               CAST(sum(end_ns - start_ns) AS BIGINT) AS xfer_ns,
+               median(op_bytes) AS median_bytes, median(dur) AS median_ns,
+               any_value(name) AS name,
+               CAST(sum(greatest(end_ns - piece, 0)) AS BIGINT) AS busy_ns
+        FROM t GROUP BY link_id, link_src, link_dst
+        ORDER BY link_id, link_src, link_dst""")
 
 
 def _steps(con: Any, a: str, step_name: str | None) -> pa.Table:
