@@ -1,12 +1,17 @@
-"""`chiptrace demo`: the main job. Runs a workload and shows where its time went."""
+"""`chiptrace demo`: the main job. Runs the default emulated rack and shows where time went.
+
+The rack (`rack6`: GPUs, CPUs, DPUs, NPUs, NICs and switches) trains a model for a few
+seconds, paced to wall time, and its spans go to a trace dir; then a summary prints. The
+emulation is `run_demo(...)`, which takes extra span sinks, so a live view can ride along.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import concurrent.futures as cf
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 NAME = "demo"
 ORDER = 0
@@ -15,69 +20,72 @@ HELP = "run a sample workload on the emulated rack and show where the time went"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="trace dir (default: ./chiptrace-traces/demo-<time>)")
-    p.add_argument("--steps", type=int, default=20, help="training steps to run")
+    p.add_argument("--seconds", type=float, default=10.0, help="emulated seconds to run (paced to wall time)")
+    p.add_argument("--steps", type=int, default=None, help="stop after this many training steps instead")
+    p.add_argument("--topology", default="rack6", help="preset or TOML path (default rack6)")
+    p.add_argument("--workload", default="train", help="train or infer")
+    p.add_argument("--fault", action="append", default=[], metavar="KIND:TARGET[:VALUE]",
+                   help="inject a fault, e.g. slow:gpu:3:4 (repeatable)")  # fmt: skip
+    p.add_argument("--speed", type=float, default=1.0, help="emulated seconds per wall second")
+    p.add_argument("--seed", type=int, default=0)
 
 
-def _decorated_pipeline(steps: int) -> None:
-    """A small data-parallel step written with decorators: load on the CPU, copy over
-    PCIe, compute on two GPUs in threads, all-reduce over NVLink, asyncio for I/O."""
-    import chiptrace
+def run_demo(
+    out: str | Path,
+    seconds: float | None = 10.0,
+    sinks: Iterable[Any] = (),
+    *,
+    steps: int | None = None,
+    topology: str = "rack6",
+    workload: str = "train",
+    faults: Sequence[str] = (),
+    speed: float = 1.0,
+    seed: int = 0,
+) -> Any:
+    """Run the demo emulation paced to wall time; returns the EmulationResult.
 
-    @chiptrace.trace(chip="cpu:0", op="io")
-    def load_batch(i: int) -> list[int]:
-        time.sleep(0.002)
-        return list(range(1000))
+    Args:
+        out: trace dir.
+        seconds: emulated (and, at speed 1, wall) seconds to run.
+        sinks: extra span sinks (a live viewer's feed) beside the store.
+        steps: stop after this many steps instead (or as well).
+    """
+    from chiptrace.emulator import emulate
 
-    @chiptrace.trace(link="pcie5:cpu:0-gpu:0", attributes={"op.bytes": 4_000_000})
-    def copy_to_gpu(batch: list[int]) -> list[int]:
-        time.sleep(0.001)
-        return batch
+    return emulate(
+        topology=topology, workload=workload, steps=steps, seed=seed, out=out, faults=faults,
+        realtime=True, speed=speed, sinks=sinks, duration_s=seconds if steps is None else None,
+        progress=False,
+    )  # fmt: skip
 
-    @chiptrace.trace(op="compute", precision="bf16")
-    def forward_backward(gpu: str, batch: list[int]) -> int:
-        with chiptrace.span("matmul", chip=gpu, precision="bf16") as s:
-            s.set_attribute("op.flops", 2 * 4096**3)
-            time.sleep(0.004 if gpu == "gpu:1" else 0.003)
-        return sum(batch)
 
-    @chiptrace.trace(link="nvlink6:gpu:0-gpu:1", attributes={"op.bytes": 64_000_000})
-    def allreduce() -> None:
-        time.sleep(0.001)
-
-    @chiptrace.trace(chip="cpu:0", op="io")
-    async def checkpoint(step: int) -> None:
-        await asyncio.sleep(0.001)
-
-    @chiptrace.trace(name="train_step")
-    def step(pool: cf.ThreadPoolExecutor, i: int) -> None:
-        batch = copy_to_gpu(load_batch(i))
-        futures = [pool.submit(chiptrace.carry(forward_backward), g, batch) for g in ("gpu:0", "gpu:1")]
-        for f in futures:
-            f.result()
-        allreduce()
-        asyncio.run(checkpoint(i))
-
-    with cf.ThreadPoolExecutor(2) as pool:
-        for i in range(steps):
-            step(pool, i)
+SUMMARY_SQL = """
+SELECT coalesce(chip_type, link_type, '-') AS on_, op_kind AS kind, count(*) AS spans,
+       round(sum(duration_ns) / 1e6, 1) AS busy_ms,
+       round(sum(op_bytes) FILTER (WHERE link_id IS NOT NULL) / 1e9, 2) AS moved_gb
+FROM spans WHERE chip_id IS NOT NULL OR link_id IS NOT NULL
+GROUP BY ALL ORDER BY busy_ms DESC
+"""
+PHASES_SQL = """
+SELECT p.name AS phase, round(avg(p.duration_ns) / 1e6, 2) AS mean_ms, count(*) AS n
+FROM spans p JOIN spans r ON p.parent_span_id = r.span_id
+WHERE r.parent_span_id IS NULL GROUP BY ALL ORDER BY mean_ms DESC
+"""
 
 
 def run(args: argparse.Namespace) -> int:
-    import chiptrace
     from chiptrace.cli.query import format_table
     from chiptrace.query import connect
 
     out = Path(args.out or f"chiptrace-traces/demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    chiptrace.init(out, service="chiptrace-demo")
-    _decorated_pipeline(args.steps)
-    chiptrace.shutdown()
+    print(f"chiptrace demo: {args.workload} on the emulated {args.topology}, "
+          f"{args.steps or args.seconds} {'steps' if args.steps else 's'} paced to wall time ...", flush=True)  # fmt: skip
+    result = run_demo(out, args.seconds, steps=args.steps, topology=args.topology, workload=args.workload,
+                      faults=args.fault, speed=args.speed, seed=args.seed)  # fmt: skip
     con = connect(out)
-    table = con.sql(
-        "SELECT coalesce(chip_type, link_type, '-') AS on_, name, count(*) AS calls, "
-        "round(sum(duration_ns) / 1e6, 2) AS total_ms, round(avg(duration_ns) / 1e3, 1) AS mean_us "
-        "FROM spans GROUP BY ALL ORDER BY total_ms DESC"
-    ).to_arrow_table()
-    print(f"chiptrace demo: {args.steps} steps traced into {out}\n")
-    print(format_table(table))
-    print(f'next: chiptrace query {out} "SELECT * FROM chips"')
+    print(f"{result.steps} steps, {result.spans:,} spans, {result.virtual_ns / 1e9:.2f} s emulated -> {out}\n")
+    print(format_table(con.sql(SUMMARY_SQL).to_arrow_table()))
+    print()
+    print(format_table(con.sql(PHASES_SQL).to_arrow_table()))
+    print(f'next: chiptrace query {out} "SELECT * FROM chips"  ·  chiptrace emulate --help')
     return 0

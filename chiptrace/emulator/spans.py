@@ -143,6 +143,8 @@ class SpanTable:
                 if targets:
                     self._links.append((self.pending + i, self._links_json(targets)))
         self.pending += n
+        if self.pending >= 2 * self.chunk_spans:  # a huge step: flush mid-step, memory stays bounded
+            self.flush()
         return sid
 
     def _links_json(self, targets: Sequence[tuple[int, int]], relation: str = "input") -> str:

@@ -102,7 +102,7 @@ class Training:
         self.host = {g: self._nearest_cpu(g) for g in self.gpus}
         self.buckets = self._buckets()
         self.dpu_free = dict.fromkeys(self.dpus, 0.0)
-        self.plans: dict[tuple[str, int], list] = {}  # collective rounds per bucket size
+        self.plans: dict[float, list] = {}  # collective rounds per bucket size
         self.t = 0.0  # end of the previous step
         self.prev_start = 0.0
 
@@ -111,18 +111,25 @@ class Training:
             return None
         return min(self.cpus, key=lambda c: (self.ctx.network.route(gpu, c).latency_ns, c))
 
-    def _buckets(self) -> list[list[int]]:
-        """Layers in backward order, grouped until a bucket holds bucket_mb of gradients."""
+    def _buckets(self) -> list[tuple[int, float]]:
+        """Gradient buckets as (last layer whose gradients they hold, bytes): layers in
+        backward order, cut every bucket_mb, as DDP's bucketing of parameter tensors does.
+        Small buckets mean many collectives, each paying the ring's 2(n-1) latencies."""
         per_layer = self.cfg.params_per_layer * self.grad_bytes
-        out, cur, size = [], [], 0.0
+        cap = self.cfg.bucket_mb * 1e6
+        out: list[tuple[int, float]] = []
+        fill = 0.0
         for layer in reversed(range(self.cfg.layers)):
-            cur.append(layer)
-            size += per_layer
-            if size >= self.cfg.bucket_mb * 1e6:
-                out.append(cur)
-                cur, size = [], 0.0
-        if cur:
-            out.append(cur)
+            left = per_layer
+            while left > 0:
+                take = min(left, cap - fill)
+                fill += take
+                left -= take
+                if fill >= cap * (1 - 1e-9):
+                    out.append((layer, fill))
+                    fill = 0.0
+        if fill > 0:
+            out.append((0, fill))
         return out
 
     def describe(self) -> dict[str, object]:

@@ -104,11 +104,11 @@ def _allreduce(tr: Training, bwd_end: np.ndarray, trace: int, parent: int, bound
     L = cfg.layers
     prev, first = 0.0, None
     name, bucket_name = tb.name(f"allreduce.{cfg.allreduce}"), tb.name("allreduce.bucket")
-    for layers in tr.buckets:
-        nbytes = len(layers) * cfg.params_per_layer * tr.grad_bytes
-        ready = bwd_end[:, L - 1 - layers[-1]].max() if cfg.overlap else bwd_end.max()
+    done_at = bwd_end.max(axis=0)  # column j: layer L-1-j done on every rank
+    for layer, nbytes in tr.buckets:
+        ready = done_at[L - 1 - layer] if cfg.overlap else done_at.max()
         st = max(float(ready), prev)
-        key = ("ar", len(layers))
+        key = round(nbytes)
         if key not in tr.plans:
             tr.plans[key] = collectives.plan(net, cfg.allreduce, tr.gpus, nbytes, cfg.channels)
         bid = tb.ids(1)
