@@ -2,7 +2,7 @@
 
 A traced call appends its finished span object to the recorder's deque (the cheapest
 thing Python can do); the writer thread turns a whole buffer of them into columns at
-once. A row is any object with these fields (chiptrace.api.Span has them):
+once. A row is any object with these fields (chiptrace._span.Span has them):
 
     trace_id: bytes16, span_id: int, parent_id: int (0 = root), name, kind,
     start_ns, end_ns, status_code, status_message, tags: Tags,

@@ -1,0 +1,195 @@
+"""Process lifecycle: `init()`, `flush()`, `shutdown()`, the zero-configuration start,
+fork safety, and the host sampler beside the recorder."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.util
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from chiptrace import config as _config
+from chiptrace._span import _STATE
+from chiptrace.recorder import Recorder, SpanSink, StoreSink, on_exit
+from chiptrace.store import PartWriter
+
+
+def init(
+    dir: str | os.PathLike[str] | None = None,  # noqa: A002 - the natural name for users
+    *,
+    service: str | None = None,
+    enabled: bool | None = None,
+    exporters: Iterable[Any] = (),
+    sinks: Iterable[SpanSink] = (),
+    resource: Mapping[str, Any] | None = None,
+    manifest: Mapping[str, Any] | None = None,
+    flush_interval_s: float | None = None,
+    flush_spans: int | None = None,
+    max_buffered: int | None = None,
+    otlp_endpoint: str | None = None,
+    run_id: str | None = None,
+    sample_host: bool | None = None,
+    sample_interval: float | None = None,
+) -> Recorder | None:
+    """Configure tracing for this process; replaces (and flushes) any earlier recorder.
+
+    Keyword arguments win over CHIPTRACE_* / OTEL_* variables, which win over defaults.
+    Without init(), the first traced call configures from the environment and writes
+    under ./chiptrace-traces/<run-id>/.
+
+    Args:
+        dir: the trace directory.
+        service: service.name of the spans' resource.
+        enabled: False makes traced calls cost a flag check and record nothing.
+        exporters: OpenTelemetry SpanExporters that also receive every span.
+        sinks: chiptrace sinks (Arrow batches) that also receive every span.
+        resource: extra resource attributes.
+        manifest: extra facts for the run manifest.
+        flush_interval_s, flush_spans, max_buffered: buffer policy.
+        otlp_endpoint: stream spans to this OTLP endpoint too (see chiptrace.exporters).
+        run_id: names the default directory.
+        sample_host: also sample the real host (CPUs, memory, NICs, disks, NVIDIA GPUs)
+            on a daemon thread into the same dir's `metrics` table (chiptrace.host).
+        sample_interval: seconds between host samples (default 0.1).
+
+    Returns:
+        The recorder, or None when tracing is disabled.
+
+    Raises:
+        ConfigError: a bad setting; StoreError: the directory cannot be created.
+    """
+    sample_on, interval = _config.resolve_sampling(sample_host, sample_interval)
+    cfg = _config.resolve(
+        dir=dir,
+        service=service,
+        enabled=enabled,
+        resource=resource,
+        flush_interval_s=flush_interval_s,
+        flush_spans=flush_spans,
+        max_buffered=max_buffered,
+        otlp_endpoint=otlp_endpoint,
+        run_id=run_id,
+    )
+    with _STATE.lock:
+        old, _STATE.recorder = _STATE.recorder, None
+        if old is not None:
+            old.shutdown()
+        _stop_sampler()
+        _STATE.enabled = cfg.enabled
+        if not cfg.enabled:
+            return None
+        _STATE.recorder = _build_recorder(cfg, exporters, sinks, manifest)
+        if sample_on:
+            _STATE.sampler = _start_sampler(cfg, interval)
+        return _STATE.recorder
+
+
+def _build_recorder(
+    cfg: _config.Config,
+    exporters: Iterable[Any],
+    sinks: Iterable[SpanSink],
+    manifest: Mapping[str, Any] | None,
+) -> Recorder:
+    from chiptrace._otel import ExporterSink, otlp_sink
+
+    writer = PartWriter(
+        cfg.dir,
+        manifest={"run_id": cfg.run_id, "service": cfg.service, "source": "code", **(manifest or {})},
+    )
+    all_sinks: list[SpanSink] = [StoreSink(writer), *sinks]
+    all_sinks += [ExporterSink(e, cfg) for e in exporters]
+    if cfg.otlp_endpoint:
+        all_sinks.append(otlp_sink(cfg))
+    rec = Recorder(cfg, all_sinks, writer)
+    on_exit(rec.shutdown)
+    # multiprocessing children leave through os._exit, skipping atexit; its finalizers run.
+    multiprocessing.util.Finalize(rec, rec.shutdown, exitpriority=100)
+    return rec
+
+
+_auto_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child must not flush its parent's buffer nor reuse its part names: drop
+    the inherited recorder; the child's first span starts its own, same dir and run."""
+    global _auto_lock
+    _auto_lock = threading.Lock()
+    _STATE.lock = threading.Lock()
+    rec, _STATE.recorder = _STATE.recorder, None
+    if rec is not None:
+        rec.abandon()
+        _STATE.fork_config = rec.config
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _auto_init() -> Recorder | None:
+    """The first traced call without init(): configure from the environment, once."""
+    if not _STATE.enabled:
+        return None
+    with _auto_lock:
+        if _STATE.recorder is not None:
+            return _STATE.recorder
+        try:
+            cfg = _STATE.fork_config
+            if cfg is not None:
+                return init(
+                    cfg.dir,
+                    service=cfg.service,
+                    run_id=cfg.run_id,
+                    resource=cfg.resource,
+                    flush_interval_s=cfg.flush_interval_s,
+                    flush_spans=cfg.flush_spans,
+                    max_buffered=cfg.max_buffered,
+                )
+            return init()
+        except Exception as e:  # noqa: BLE001 - tracing must not crash the traced program
+            logging.getLogger("chiptrace").warning("chiptrace: tracing disabled: %s", e)
+            _STATE.enabled = False
+            return None
+
+
+def _start_sampler(cfg: _config.Config, interval: float) -> Any:
+    """The host sampler beside the recorder: same dir, run and host."""
+    from chiptrace.host.sampler import HostSampler  # psutil and NVML load only when asked for
+
+    sampler = HostSampler(
+        cfg.dir, interval=interval, run_id=cfg.run_id, service=cfg.service, host=cfg.host
+    ).start()
+    on_exit(sampler.stop)
+    # Child processes inherit the environment: they see a sampler already runs on this host.
+    os.environ.setdefault(_config.ENV_SAMPLER_PID, str(os.getpid()))
+    return sampler
+
+
+def _stop_sampler() -> None:
+    sampler, _STATE.sampler = _STATE.sampler, None
+    if sampler is not None:
+        sampler.stop()
+
+
+def get_recorder() -> Recorder | None:
+    """The process's recorder, if tracing has started."""
+    return _STATE.recorder
+
+
+def flush() -> int:
+    """Write everything buffered now; returns the number of spans flushed."""
+    rec = _STATE.recorder
+    return rec.flush() if rec is not None else 0
+
+
+def shutdown() -> None:
+    """Flush and stop the recorder; a later traced call starts a new one."""
+    with _STATE.lock:
+        rec, _STATE.recorder = _STATE.recorder, None
+    if rec is not None:
+        rec.shutdown()
+    _stop_sampler()
+
+
+_STATE.auto_init = _auto_init
