@@ -1,0 +1,109 @@
+"""The collector's wire reader against opentelemetry-proto's parser and chiptrace's encoder."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+import chiptrace
+from chiptrace._otel import span_attributes
+from chiptrace.collector.decode import DecodeError, decode, decode_any_value
+from chiptrace.collector.wire import Caches, SpanReader
+from chiptrace.schema import COLUMNS
+from tests.collector.test_collect import sample_request
+
+
+def _reference(body: bytes) -> dict[bytes, dict]:
+    """What opentelemetry-proto's own parser says each span holds."""
+    out = {}
+    for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
+        for ss in rs.scope_spans:
+            for sp in ss.spans:
+                out[sp.span_id] = {
+                    "trace_id": sp.trace_id, "parent": sp.parent_span_id or None, "name": sp.name,
+                    "kind": sp.kind, "start": sp.start_time_unix_nano, "end": sp.end_time_unix_nano,
+                    "status": (sp.status.code, sp.status.message or None), "scope": ss.scope.name,
+                    "attributes": {kv.key: decode_any_value(kv.value) for kv in sp.attributes},
+                    "events": [(e.name, e.time_unix_nano) for e in sp.events],
+                }  # fmt: skip
+    return out
+
+
+def _check(body: bytes) -> pa.RecordBatch:
+    batch = decode(body).batch
+    ref = _reference(body)
+    assert batch.num_rows == len(ref)
+    for row in batch.to_pylist():
+        r = ref[row["span_id"]]
+        assert (row["trace_id"], row["parent_span_id"], row["name"], row["kind"]) == (
+            r["trace_id"], r["parent"], r["name"], r["kind"])  # fmt: skip
+        assert (row["start_ns"], row["end_ns"]) == (r["start"], r["end"])
+        assert (row["status_code"], row["status_message"]) == r["status"]
+        assert span_attributes(row) == r["attributes"] and row["scope"] == r["scope"]
+        events = json.loads(row["events"]) if row["events"] else []
+        assert [(e["name"], e["time_ns"]) for e in events] == r["events"]
+    return batch
+
+
+def test_sdk_encoded_and_chiptrace_encoded_requests(tmp_path: Path) -> None:
+    sys_path = Path(__file__).resolve().parents[2] / "benchmarks"
+    import sys
+
+    sys.path.insert(0, str(sys_path))
+    from bench_collect import make_requests
+
+    for body in make_requests()[:2]:  # SDK field order: the fast path
+        _check(body)
+    from chiptrace.exporters.otlp_encode import encode_request
+
+    from tests.exporters.conftest import _decorated_workload
+
+    chiptrace.init(tmp_path / "t", service="x", flush_interval_s=60)
+    _decorated_workload()
+    chiptrace.shutdown()
+    table = chiptrace.connect(tmp_path / "t").sql("SELECT * FROM spans_raw").to_arrow_table()
+    batch = _check(encode_request(table))  # chiptrace's field order: the field-by-field path
+    back = {r["span_id"]: r for r in batch.to_pylist()}
+    for row in table.to_pylist():
+        got = back[row["span_id"]]
+        for col in COLUMNS:
+            if col not in ("host", "pid"):  # not resource attributes in a decorated trace
+                assert got[col] == row[col], col
+
+
+def test_shared_caches_do_not_leak_between_different_values() -> None:
+    caches = Caches(limit=3)
+    for first in (1, 100, 200, 1, 300):
+        r = SpanReader(caches)
+        r.read_request(sample_request(3, first))
+        assert [int.from_bytes(s, "big") for s in r.columns()["span_id"]] == [first, first + 1, first + 2]
+    assert all(len(t) <= 3 for t in (caches.kv, caches.attrs, caches.tails, caches.status))
+
+
+def test_damaged_bodies_raise_decode_error_or_decode() -> None:
+    body = sample_request(20)
+    rng = random.Random(5)
+    outcomes = set()
+    for _ in range(300):
+        damaged = bytearray(body)
+        if rng.random() < 0.5:
+            damaged = damaged[: rng.randrange(len(damaged))]
+        else:
+            for _ in range(3):
+                damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        try:
+            decode(bytes(damaged))
+            outcomes.add("ok")
+        except DecodeError:
+            outcomes.add("error")
+    assert outcomes == {"ok", "error"}
+
+
+def test_json_with_bad_ids_is_a_decode_error() -> None:
+    with pytest.raises(DecodeError, match="expected hex"):
+        decode(b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"spanId":"xyz"}]}]}]}', "application/json")
