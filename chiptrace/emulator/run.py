@@ -180,7 +180,7 @@ def emulate(
                       "realtime": realtime, "speed": speed, "epoch_ns": epoch},
     }  # fmt: skip
     writer = PartWriter(out_dir, manifest=manifest)
-    config = Config(dir=out_dir, service=SERVICE, flush_spans=chunk_spans, max_buffered=4 * chunk_spans,
+    config = Config(dir=out_dir, service=SERVICE, flush_spans=chunk_spans, max_buffered=2 * chunk_spans,
                     flush_interval_s=0.25 if realtime else 2.0, host=f"emulated-{topo.name}")  # fmt: skip
     recorder = Recorder(config, [StoreSink(writer), *sinks], writer=writer)
     constants = {"service": SERVICE, "host": config.host, "pid": 0, "scope": "chiptrace.emulator",

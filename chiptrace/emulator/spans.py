@@ -143,7 +143,7 @@ class SpanTable:
                 if targets:
                     self._links.append((self.pending + i, self._links_json(targets)))
         self.pending += n
-        if self.pending >= 2 * self.chunk_spans:  # a huge step: flush mid-step, memory stays bounded
+        if self.pending >= self.chunk_spans:  # flush mid-step too: memory stays at about a chunk
             self.flush()
         return sid
 

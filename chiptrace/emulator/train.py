@@ -109,7 +109,9 @@ class Training:
     def _nearest_cpu(self, gpu: str) -> str | None:
         if not self.cpus:
             return None
-        return min(self.cpus, key=lambda c: (self.ctx.network.route(gpu, c).latency_ns, c))
+        topo = self.ctx.topology
+        near = [n for n, _ in topo.adjacency[gpu] if topo.chips[n].type == "cpu"]  # its C2C/PCIe host
+        return min(near) if near else min(self.cpus, key=lambda c: (self.ctx.network.route(gpu, c).latency_ns, c))
 
     def _buckets(self) -> list[tuple[int, float]]:
         """Gradient buckets as (last layer whose gradients they hold, bytes): layers in
