@@ -185,13 +185,17 @@ class OtlpSink:
                 self._cond.wait(min(left, 0.1))
         return True
 
-    def close(self) -> None:
-        """Send what is queued (bounded by the request timeout), then stop."""
-        self.flush(timeout_s=2 * self.settings.timeout_s)
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued, waiting at most `timeout_s` (a dead endpoint must not hold
+        up the program's exit), then stop; what is left is counted as dropped."""
+        flushed = self.flush(timeout_s=timeout_s)
         with self._cond:
             self._closed = True
+            if not flushed:
+                self.dropped += sum(b.num_rows for b in self._queue)
+                self._queue.clear()
             self._cond.notify_all()
-        self._thread.join(timeout=self.settings.timeout_s)
+        self._thread.join(timeout=0 if not flushed else timeout_s)
         self._transport.close()
         if self.dropped or self.failed:
             log.warning(

@@ -191,3 +191,31 @@ def test_live_sink_streams_while_storing(tmp_path: Path, receiver: Receiver, via
             s.set_attribute("i", i)
     chiptrace.shutdown()
     assert assert_received_as_stored(receiver, out) == 5
+
+
+def test_live_sink_to_a_dead_endpoint_neither_blocks_nor_loses_the_store(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import time
+
+    out = tmp_path / "dead"
+    chiptrace.init(out, service="live", flush_interval_s=60, otlp_endpoint="http://127.0.0.1:9")
+    for _ in range(3):
+        with chiptrace.span("op", chip="gpu:0"):
+            pass
+    t0 = time.monotonic()
+    chiptrace.shutdown()
+    assert time.monotonic() - t0 < 8  # bounded by OtlpSink.close's wait, not the retries
+    assert len(stored_rows(out)) == 3
+    assert "OTLP export to http://127.0.0.1:9/v1/traces failed" in caplog.text
+
+
+def test_progress_bar_draws_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    from chiptrace.cli.export import Progress
+
+    bar = Progress(4, True)
+    bar(2)
+    bar(2)
+    bar.end()
+    err = capsys.readouterr().err
+    assert "4/4 spans" in err and "#" * 30 in err
