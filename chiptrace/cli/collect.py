@@ -35,13 +35,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build(args: argparse.Namespace) -> tuple[Any, Any]:
     """The recorder writing DIR and the receiver feeding it (not started)."""
-    from chiptrace.collector.receiver import OtlpReceiver
+    from chiptrace.collector.receiver import OtlpReceiver, parse_address
     from chiptrace.collector.sink import PartitionedStoreSink, parse_partition_by
     from chiptrace.config import resolve
     from chiptrace.recorder import Recorder
     from chiptrace.store import PartWriter
 
     partition_by = parse_partition_by(args.partition_by)
+    http = None if args.listen.lower() == "none" else args.listen
+    for flag, addr, port in (("--listen", http, 4318), ("--grpc", args.grpc, 4317)):
+        if addr:
+            parse_address(flag, addr, port)  # fail before any file is written
     cfg = resolve(dir=args.out, service="chiptrace-collect", flush_interval_s=args.flush_interval,
                   flush_spans=args.flush_spans, max_buffered=args.max_buffered, otlp_endpoint="")  # fmt: skip
     writer = PartWriter(cfg.dir, manifest={"service": "chiptrace-collect", "source": "collect",
@@ -52,7 +56,6 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         # block: a full buffer slows the senders (their retries) rather than dropping.
         return recorder.write_batch(batch, block=True)
 
-    http = None if args.listen.lower() == "none" else args.listen
     receiver = OtlpReceiver(on_batch, http=http, grpc=args.grpc, max_request_bytes=args.max_request_bytes)
     return recorder, receiver
 

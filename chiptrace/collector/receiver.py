@@ -256,6 +256,11 @@ def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
                 if e.status in (411, 413) or (e.status == 400 and "truncated" in str(e)):
                     self.close_connection = True  # the unread body would poison the next request
                 self._reply(e.status, (str(e) + "\n").encode())
+            except Exception:  # noqa: BLE001 - a bug here must cost one request, not the server
+                log.exception("chiptrace: OTLP request failed")
+                receiver.stats.add(error=True)
+                self.close_connection = True
+                self._reply(500, b"internal error\n")
 
         def _post(self) -> None:
             if self.path.split("?", 1)[0] != TRACES_PATH:

@@ -242,3 +242,28 @@ def test_sigterm_keeps_every_acknowledged_span(tmp_path: Path) -> None:
     ids = {int(k, 16) for k in stored(out)}
     assert set(acked) <= ids and len(acked) >= 1000
     assert "stored" in proc.stderr.read()
+
+
+def test_a_failing_callback_is_503_and_the_receiver_goes_on() -> None:
+    calls = []
+
+    def flaky(batch: pa.RecordBatch) -> None:
+        calls.append(batch.num_rows)
+        if len(calls) == 1:
+            raise OSError("disk full")
+
+    with OtlpReceiver(flaky, http="127.0.0.1:0") as r:
+        url = f"http://127.0.0.1:{r.http_port}/v1/traces"
+        assert post(url, sample_request(2))[0] == 503
+        assert post(url, sample_request(2))[0] == 200
+    assert calls == [2, 2] and r.stats.errors == 1 and r.stats.spans == 2
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from chiptrace.cli import main
+
+    assert main(["collect", "--out", str(tmp_path / "x"), "--partition-by", "date,planet"]) == 2
+    assert "unknown key 'planet'" in capsys.readouterr().err
+    assert main(["collect", "--out", str(tmp_path / "x"), "--listen", "127.0.0.1:99999"]) == 2
+    assert "--listen '127.0.0.1:99999'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
