@@ -44,10 +44,13 @@ class Network:
         topology: the rack.
         bandwidth: per-link bandwidth in bytes/s (defaults to the declared figures; faults
             pass degraded values).
+        down: ids of links taken down by faults (named when a route is missing).
     """
 
-    def __init__(self, topology: Topology, bandwidth: Sequence[float] | None = None) -> None:
+    def __init__(self, topology: Topology, bandwidth: Sequence[float] | None = None,
+                 down: Sequence[str] = ()) -> None:  # fmt: skip
         self.topology = topology
+        self.down = list(down)
         bw = np.array([lk.bandwidth for lk in topology.links] if bandwidth is None else bandwidth, dtype=np.float64)
         self.dir_bw = np.repeat(bw, 2)  # both directions of a link have the whole bandwidth
         self.dir_latency = np.repeat(np.array([lk.latency_ns for lk in topology.links], dtype=np.float64), 2)
@@ -72,7 +75,8 @@ class Network:
             route = self._dijkstra(src, dst, frozenset({"switch"}))
             self._routes[key] = route or self._dijkstra(src, dst, FORWARDERS)
             if self._routes[key] is None:
-                raise TopologyError(f"no route from {src} to {dst} in topology {self.topology.name}")
+                why = f" (links down: {', '.join(self.down)})" if self.down else ""
+                raise TopologyError(f"no route from {src} to {dst} in topology {self.topology.name}{why}")
         return self._routes[key]
 
     def _dijkstra(self, src: str, dst: str, forwarders: frozenset[str]) -> Route | None:

@@ -169,7 +169,7 @@ def emulate(
     cfg = make_config(workload, options)
     out_dir = Path(out or f"chiptrace-traces/emulate-{time.strftime('%Y%m%d-%H%M%S')}")
     epoch = time.time_ns() if realtime else FIXED_EPOCH_NS
-    net = Network(effects.topology, effects.bandwidth)
+    net = Network(effects.topology, effects.bandwidth, [f.target for f in parsed if f.kind == "down"])
     ctx = Context(effects.topology, net, None, precision, schedule, effects.slow, effects.delay_ns)  # type: ignore[arg-type]
     wl = _workloads()[workload][1](ctx, cfg)  # validates (fit in memory, routes) before any file
     manifest = {

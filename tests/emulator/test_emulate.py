@@ -86,3 +86,53 @@ def test_cli_emulate_writes_a_trace(tmp_path, capsys):
     con = connect(out)
     last = dict(con.sql("SELECT chip_id, max(start_ns) FROM spans WHERE name = 'fwd.0' GROUP BY ALL").fetchall())
     assert last["gpu:2"] - last["gpu:1"] == pytest.approx(0.5e6, abs=1)
+
+
+def test_down_link_without_detour_fails_naming_it(tmp_path, capsys):
+    from chiptrace.cli import main as cli
+
+    rc = cli(["emulate", "--topology", "pcie8", "--steps", "1", "--out", str(tmp_path / "x"),
+              "--fault", "down:pcie4:gpu:0-switch:0"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "no route" in err and "gpu:0" in err and "links down: pcie4:gpu:0-switch:0" in err
+
+
+def test_inference_is_deterministic_too(tmp_path):
+    a = emulate(workload="infer", steps=5, seed=2, out=tmp_path / "a", progress=False)
+    b = emulate(workload="infer", steps=5, seed=2, out=tmp_path / "b", progress=False)
+    assert _table(a.out).equals(_table(b.out))
+
+
+class _Collect:
+    """A real span sink: keeps what the recorder hands it."""
+
+    def __init__(self) -> None:
+        self.rows, self.closed = 0, False
+
+    def write(self, batch) -> None:
+        self.rows += batch.num_rows
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_realtime_run_feeds_extra_sinks_and_maps_to_wall_time(tmp_path):
+    import time
+
+    sink = _Collect()
+    before = time.time_ns()
+    r = emulate(steps=2, seed=1, out=tmp_path / "rt", realtime=True, speed=50.0, sinks=[sink], progress=False)
+    assert sink.closed and sink.rows == r.spans
+    first = connect(r.out).sql("SELECT min(start_ns) FROM spans").fetchall()[0][0]
+    assert first >= before  # virtual t=0 is the run's wall-clock start, not the fixed epoch
+
+
+def test_demo_runs_the_default_rack_and_prints_a_summary(tmp_path, capsys):
+    from chiptrace.cli import main as cli
+
+    rc = cli(["demo", "--seconds", "0.3", "--speed", "2", "--out", str(tmp_path / "demo")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "rack6" in out and "nvlink6" in out and "backward" in out
+    (m,) = read_manifests([tmp_path / "demo"])
+    assert m["topology"]["name"] == "rack6" and m["emulation"]["realtime"] is True
