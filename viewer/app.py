@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from chiptrace.viewer.alerts import Alert, derive_alerts, from_findings, merge
 from chiptrace.viewer.model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
@@ -22,6 +23,7 @@ from chiptrace.viewer.widgets.sql_console import SqlConsole
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
@@ -111,6 +113,12 @@ class ViewerApp(App[None]):
             self.set_interval(self.analysis_s, self.run_analysis)
         self.refresh_dashboard()
 
+    def _main(self, selector: Any) -> Any:
+        """A widget of the main screen, even while the help screen is on top."""
+        if not self.screen_stack:
+            raise NoMatches(f"no screen yet for {selector}")
+        return self.screen_stack[0].query_one(selector)
+
     @property
     def window_ns(self) -> int:
         return self.model.bucket_ns * ZOOM_STEPS[self.zoom]
@@ -154,9 +162,11 @@ class ViewerApp(App[None]):
         t = time.perf_counter()
         self.snapshot = self.model.snapshot(self.window_ns)
         self.alerts = merge(derive_alerts(self.snapshot), self.deep_alerts)
-        tabs = self.query_one(TabbedContent)
-        if tabs.active == "dashboard":
-            self.query_one(Dashboard).show(self.snapshot, self.alerts, self.source_name, self.paused)
+        try:
+            if self._main(TabbedContent).active == "dashboard":
+                self._main(Dashboard).show(self.snapshot, self.alerts, self.source_name, self.paused)
+        except NoMatches:  # not composed yet, or already torn down
+            pass
         self.refreshes += 1
         self.refresh_seconds += time.perf_counter() - t
 
@@ -179,7 +189,10 @@ class ViewerApp(App[None]):
     def watch_paused(self, paused: bool) -> None:
         self.set_class(paused, "-paused")
         if self.snapshot is not None and self.is_mounted:
-            self.query_one(Dashboard).show(self.snapshot, self.alerts, self.source_name, paused)
+            try:
+                self._main(Dashboard).show(self.snapshot, self.alerts, self.source_name, paused)
+            except NoMatches:
+                pass
 
     def watch_zoom(self) -> None:
         if self.is_mounted:
@@ -191,16 +204,16 @@ class ViewerApp(App[None]):
         self.push_screen(HelpScreen())
 
     def action_show_tab(self, tab: str) -> None:
-        self.query_one(TabbedContent).active = tab
+        self._main(TabbedContent).active = tab
         self.on_tabbed_content_tab_activated(None)
 
     def on_tabbed_content_tab_activated(self, event: object) -> None:
-        active = self.query_one(TabbedContent).active
+        active = self._main(TabbedContent).active
         if active == "explorer":
-            self.query_one(Explorer).reload()
-            self.query_one("#waterfall").focus()
+            self._main(Explorer).reload()
+            self._main("#waterfall").focus()
         elif active == "sql":
-            self.query_one("#sql-input").focus()
+            self._main("#sql-input").focus()
         elif active == "dashboard":
             self.refresh_dashboard()
 
@@ -214,8 +227,8 @@ class ViewerApp(App[None]):
         self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
 
     def action_reload(self) -> None:
-        if self.query_one(TabbedContent).active == "explorer":
-            self.query_one(Explorer).reload()
+        if self._main(TabbedContent).active == "explorer":
+            self._main(Explorer).reload()
 
     def on_unmount(self) -> None:
         for src in self.sources:
