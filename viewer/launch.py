@@ -7,8 +7,9 @@ the dashboard draws, printed once.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 from chiptrace.viewer.alerts import Alert, derive_alerts
@@ -127,46 +128,61 @@ def save_screenshot(app, path: str | Path, size: tuple[int, int] = (100, 32), se
     return path
 
 
-class EmulatorRun:
-    """The emulator paced to wall time in a background thread, feeding a viewer in-process.
+class LiveRun:
+    """A producer (an emulation) in a background thread, feeding a viewer in-process.
 
     Args:
-        feed: the viewer's feed (a recorder sink beside the store).
-        kwargs: `chiptrace.emulator.run.emulate` arguments (realtime and sinks are set here).
+        target: called as target(feed) on the thread; its return value is kept in `result`.
     """
 
-    def __init__(self, feed: SpanFeed, **kwargs: object) -> None:
+    def __init__(self, target: Callable[[SpanFeed], Any]) -> None:
         import threading
 
-        self.kwargs = {**kwargs, "realtime": True, "sinks": [feed], "progress": False}
-        self.result = None
+        self.target = target
+        self.feed = SpanFeed()
+        self.app: Any = None  # set by live_app: told to quit when the producer fails
+        self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chiptrace-emulator", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="chiptrace-live-run", daemon=True)
 
     def _run(self) -> None:
-        from chiptrace.emulator.run import emulate
-
         try:
-            self.result = emulate(**self.kwargs)
-        except BaseException as e:  # noqa: BLE001 - reported by the caller after the UI ends
+            self.result = self.target(self.feed)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the caller after the UI ends
             self.error = e
+            if self.app is not None and self.app.is_running:
+                self.app.call_from_thread(self.app.exit)
         finally:
             self.done.set()
+            if self.error is None and self.app is not None and self.app.is_running:
+                self.app.call_from_thread(self.app.notify, "run finished: the dashboard holds its last window")
 
-    def start(self) -> EmulatorRun:
+    def start(self) -> LiveRun:
         self._thread.start()
         return self
 
 
-def emulator_app(out: str | Path, **kwargs: object):  # noqa: ANN201 - imports Textual lazily
-    """A ViewerApp showing an emulated run live, and the (started) EmulatorRun feeding it."""
+def live_app(out: str | Path, target: Callable[[SpanFeed], Any], name: str):  # noqa: ANN201
+    """A ViewerApp fed in-process by target(feed) (not started), with the store at `out`
+    behind its explorer and SQL console. Returns (app, run); call run.start() first."""
     from chiptrace.viewer.app import ViewerApp
     from chiptrace.viewer.sources import FeedSource
 
-    feed = SpanFeed()
-    name = f"emulated {kwargs.get('topology', 'rack6')}"
-    app = ViewerApp([FeedSource(out, name=name)], feed=feed, bucket_ns=DEFAULT_BUCKET_NS // 10,
+    run = LiveRun(target)
+    # Emulated steps last tens of ms: 1 ms buckets, a 100 ms window.
+    app = ViewerApp([FeedSource(out, name=name)], feed=run.feed, bucket_ns=DEFAULT_BUCKET_NS // 10,
                     window_ns=DEFAULT_BUCKET_NS * 10)  # fmt: skip
-    run = EmulatorRun(feed, out=out, **kwargs)
+    run.app = app
     return app, run
+
+
+def emulator_app(out: str | Path, **kwargs: Any):  # noqa: ANN201 - imports Textual lazily
+    """A ViewerApp showing `chiptrace.emulator.emulate(**kwargs)` live, paced to wall time."""
+
+    def target(feed: SpanFeed) -> Any:
+        from chiptrace.emulator.run import emulate
+
+        return emulate(out=out, realtime=True, sinks=[feed], progress=False, **kwargs)
+
+    return live_app(out, target, f"emulated {kwargs.get('topology', 'rack6')}")

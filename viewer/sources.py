@@ -61,6 +61,11 @@ class SpanFeed:
             self._queued = 0
         return out
 
+    @property
+    def pending(self) -> int:
+        """Spans queued and not drained yet."""
+        return self._queued
+
     def close(self) -> None:
         self.closed = True
 

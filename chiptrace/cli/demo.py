@@ -1,13 +1,16 @@
 """`chiptrace demo`: the main job. Runs the default emulated rack and shows where time went.
 
 The rack (`rack6`: GPUs, CPUs, DPUs, NPUs, NICs and switches) trains a model for a few
-seconds, paced to wall time, and its spans go to a trace dir; then a summary prints. The
-emulation is `run_demo(...)`, which takes extra span sinks, so a live view can ride along.
+seconds, paced to wall time, and its spans go to a trace dir. On a terminal it shows live in
+the viewer (the emulation runs in a thread and feeds the viewer in-process); with --no-ui or
+when stdout is not a terminal, a summary prints instead. `run_demo(...)` takes extra span
+sinks, which is how the live view rides along.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -28,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="inject a fault, e.g. slow:gpu:3:4 (repeatable)")  # fmt: skip
     p.add_argument("--speed", type=float, default=1.0, help="emulated seconds per wall second")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-ui", action="store_true",
+                   help="print a summary instead of the live viewer (automatic when stdout is not a terminal)")  # fmt: skip
 
 
 def run_demo(
@@ -78,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     from chiptrace.query import connect
 
     out = Path(args.out or f"chiptrace-traces/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not args.no_ui and sys.stdout.isatty():
+        return _run_live(args, out)
     print(f"chiptrace demo: {args.workload} on the emulated {args.topology}, "
           f"{args.steps or args.seconds} {'steps' if args.steps else 's'} paced to wall time ...", flush=True)  # fmt: skip
     result = run_demo(out, args.seconds, steps=args.steps, topology=args.topology, workload=args.workload,
@@ -88,4 +95,26 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(format_table(con.sql(PHASES_SQL).to_arrow_table()))
     print(f'next: chiptrace query {out} "SELECT * FROM chips"  ·  chiptrace emulate --help')
+    return 0
+
+
+def _run_live(args: argparse.Namespace, out: Path) -> int:
+    """The emulation in a thread, shown live in the viewer (chiptrace.viewer) as it runs."""
+    from chiptrace.viewer.launch import live_app
+
+    def target(feed: Any) -> Any:
+        return run_demo(out, args.seconds, [feed], steps=args.steps, topology=args.topology,
+                        workload=args.workload, faults=args.fault, speed=args.speed, seed=args.seed)  # fmt: skip
+
+    app, live = live_app(out, target, f"demo: {args.workload} on {args.topology}")
+    live.start()
+    app.run()
+    if live.error is not None:
+        raise live.error
+    if live.result is None:
+        print(f"chiptrace demo: viewer closed before the run ended; spans so far are in {out}")
+    else:
+        r = live.result
+        print(f"chiptrace demo: {r.steps} steps, {r.spans:,} spans, {r.virtual_ns / 1e9:.2f} s emulated -> {out}")
+    print(f"next: chiptrace view {out}  ·  chiptrace report {out}")
     return 0
