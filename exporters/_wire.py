@@ -81,4 +81,6 @@ def key_value(key: str, value: Any) -> bytes:
 
 def key_values(attrs: Mapping[str, Any], field_tag: bytes) -> bytes:
     """Repeated `KeyValue` fields under `field_tag` (the containing message's field)."""
+    if not isinstance(attrs, Mapping):
+        return b""
     return b"".join(field(field_tag, key_value(k, v)) for k, v in attrs.items())

@@ -32,6 +32,7 @@ _T_EVENT, _T_LINK, _T_STATUS, _T_FLAGS = b"\x5a", b"\x6a", b"\x7a", b"\x85\x01"
 _SPAN_FLAGS = 0x101
 _LINK_FLAGS = b"\x35\x00\x01\x00\x00"  # Link.flags (fixed32) = 0x100: the linked span is local
 
+_U64 = (1 << 64) - 1
 _STRING_ATTRS = tuple(c for c in COLUMN_ATTRIBUTES if c not in ("op_bytes", "op_flops"))
 _INT_ATTRS = ("op_bytes", "op_flops")
 
@@ -150,7 +151,15 @@ def _json_pieces(arr: pa.Array, encode: Any) -> list[bytes]:
     """A JSON text column: each distinct text (static attributes repeat) decodes once."""
     if arr.null_count == len(arr):
         return [b""] * len(arr)
-    return _dict_pieces(arr, lambda text: encode(json.loads(text)) if text else b"")
+    return _dict_pieces(arr, lambda text: encode(_loads(text)))
+
+
+def _loads(text: str | None) -> Any:
+    """JSON of a stored column; unreadable text (a hand-edited part) encodes as nothing."""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def _encode_attributes(attrs: Any) -> bytes:
@@ -159,8 +168,10 @@ def _encode_attributes(attrs: Any) -> bytes:
 
 def _encode_events(events: Any) -> bytes:
     out = []
-    for ev in events or ():
-        body = b"\x09" + int(ev.get("time_ns", 0)).to_bytes(8, "little", signed=False)
+    for ev in events if isinstance(events, list) else ():
+        if not isinstance(ev, dict):
+            continue
+        body = b"\x09" + (int(ev.get("time_ns") or 0) & _U64).to_bytes(8, "little")
         body += field(b"\x12", str(ev.get("name", "")).encode())
         body += key_values(ev.get("attributes") or {}, b"\x1a")
         out.append(field(_T_EVENT, body))
@@ -169,8 +180,14 @@ def _encode_events(events: Any) -> bytes:
 
 def _encode_links(links: Any) -> bytes:
     out = []
-    for lk in links or ():
-        body = field(b"\x0a", bytes.fromhex(lk["trace_id"])) + field(b"\x12", bytes.fromhex(lk["span_id"]))
+    for lk in links if isinstance(links, list) else ():
+        if not isinstance(lk, dict):
+            continue
+        try:
+            trace_id, span_id = bytes.fromhex(lk["trace_id"]), bytes.fromhex(lk["span_id"])
+        except (KeyError, TypeError, ValueError):
+            continue  # a link without hex ids cannot be expressed in OTLP
+        body = field(b"\x0a", trace_id) + field(b"\x12", span_id)
         if lk.get("trace_state"):
             body += field(b"\x1a", str(lk["trace_state"]).encode())
         body += key_values(lk.get("attributes") or {}, b"\x22") + _LINK_FLAGS

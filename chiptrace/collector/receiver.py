@@ -108,6 +108,9 @@ class OtlpReceiver:
         self._grpc_server: Any = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
+        self._inflight = 0
+        self._closing = False
+        self._idle = threading.Condition()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -147,7 +150,12 @@ class OtlpReceiver:
         self._grpc_server = server
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Stop accepting requests; requests in flight finish (within `grace_s` for gRPC)."""
+        """Stop acknowledging: later requests get 503 (or UNAVAILABLE), and this returns once
+        every request already handing its spans on has done so (within `grace_s`). After it
+        returns, on_batch is not called again, so the caller can flush what it was given."""
+        with self._idle:
+            self._closing = True
+            self._idle.wait_for(lambda: self._inflight == 0, timeout=grace_s)
         if self._grpc_server is not None:
             self._grpc_server.stop(grace_s).wait(grace_s)
             self._grpc_server = None
@@ -170,6 +178,18 @@ class OtlpReceiver:
         Raises:
             RequestError: 400 (malformed) or 503 (on_batch failed).
         """
+        with self._idle:
+            if self._closing:
+                raise RequestError(503, "the collector is shutting down")
+            self._inflight += 1
+        try:
+            return self._handle(body, content_type)
+        finally:
+            with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+
+    def _handle(self, body: bytes, content_type: str) -> Decoded:
         try:
             decoded = decode(body, content_type)
         except DecodeError as e:

@@ -220,8 +220,7 @@ def test_sigterm_keeps_every_acknowledged_span(tmp_path: Path) -> None:
     acked: list[int] = []
     stop = threading.Event()
 
-    def client() -> None:
-        i = 1
+    def client(i: int) -> None:
         while not stop.is_set():
             try:
                 status, _ = post(url, sample_request(50, i))
@@ -231,14 +230,16 @@ def test_sigterm_keeps_every_acknowledged_span(tmp_path: Path) -> None:
                 acked.extend(range(i, i + 50))
             i += 50
 
-    t = threading.Thread(target=client)
-    t.start()
+    threads = [threading.Thread(target=client, args=(1 + k * 10_000_000,)) for k in range(3)]
+    for t in threads:
+        t.start()
     while len(acked) < 1000:
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     stop.set()
-    t.join(timeout=30)
+    for t in threads:
+        t.join(timeout=30)
     ids = {int(k, 16) for k in stored(out)}
     assert set(acked) <= ids and len(acked) >= 1000
     assert "stored" in proc.stderr.read()

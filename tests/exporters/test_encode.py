@@ -71,3 +71,21 @@ def test_sliced_batches_encode_their_own_rows(code_trace: Path) -> None:
     part = table.slice(2, 3)
     got = _by_span(ExportTraceServiceRequest.FromString(encode_request(part)))
     assert sorted(got) == sorted(part.column("span_id").to_pylist())
+
+
+def test_odd_json_columns_do_not_break_the_encoder() -> None:
+    from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
+
+    batch = batch_from_columns({
+        "trace_id": trace_ids_to_binary([b"\1" * 16] * 4), "span_id": ids_to_binary([1, 2, 3, 4]),
+        "name": "x", "start_ns": [1, 2, 3, 4], "end_ns": [5, 6, 7, 8],
+        "attributes": ["{not json", "[1,2]", '{"a":{"b":null}}', None],
+        "events": ['[{"name":"e","attributes":[1]}]', '"text"', "[1]", None],
+        "links": ['[{"span_id":"zz"}]', '[{"trace_id":"01","span_id":"02","attributes":{}}]', "{}", None],
+    })  # fmt: skip
+    got = _by_span(ExportTraceServiceRequest.FromString(encode_request(batch)))
+    spans = [got[i.to_bytes(8, "big")]["span"] for i in (1, 2, 3, 4)]
+    assert spans[0]["attributes"] == {} and spans[1]["attributes"] == {}
+    assert spans[2]["attributes"] == {"a": {"b": None}}
+    assert spans[0]["events"][0]["name"] == "e" and "links" not in spans[0]
+    assert len(spans[1]["links"]) == 1 and "events" not in spans[1]
