@@ -153,16 +153,7 @@ def emulate(
     Raises:
         ChiptraceError: bad topology, workload, fault, precision or schedule.
     """
-    if precision not in PRECISIONS:
-        raise WorkloadError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
-    if schedule not in SCHEDULES:
-        raise WorkloadError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
-    if steps is None and duration_s is None:
-        raise WorkloadError("give steps or duration_s")
-    if steps is not None and steps < 1:
-        raise WorkloadError(f"steps = {steps!r}: expected an integer >= 1")
-    if not speed > 0:
-        raise WorkloadError(f"speed = {speed!r}: expected a number > 0")
+    _check_args(precision, schedule, steps, duration_s, speed)
     topo = topology if isinstance(topology, Topology) else load_topology(topology)
     parsed: list[Fault] = [parse_fault(f, topo) for f in faults]
     effects = apply_faults(topo, parsed)
@@ -189,18 +180,8 @@ def emulate(
                           lambda b: recorder.write_batch(b, block=True), constants, chunk_spans)  # fmt: skip
     bar = _Progress(steps, progress if progress is not None else (sys.stderr.isatty() and not realtime))
     wall0 = time.monotonic()
-    done, virtual = 0, 0.0
     try:
-        while (steps is None or done < steps) and (duration_s is None or virtual < duration_s * 1e9):
-            virtual = max(virtual, wl.step(done))
-            done += 1
-            if realtime:
-                ctx.table.flush()
-                time.sleep(max(0.0, wall0 + virtual / 1e9 / speed - time.monotonic()))
-            else:
-                ctx.table.maybe_flush()
-            bar.update(done, ctx.table.total + ctx.table.pending)
-        ctx.table.flush()
+        done, virtual = _drive(wl, ctx.table, steps, duration_s, speed if realtime else None, bar)
     finally:
         recorder.shutdown()
     bar.update(done, ctx.table.total, final=True)
@@ -208,3 +189,36 @@ def emulate(
     emulation = {**manifest["emulation"], "steps": done, "virtual_ns": virtual, "spans": ctx.table.total}
     writer.write_manifest(emulation=emulation, spans_dropped=recorder.dropped)
     return EmulationResult(out_dir, ctx.table.total, done, virtual, wall, manifest["workload"], manifest["faults"])
+
+
+def _check_args(precision: str, schedule: str, steps: int | None, duration_s: float | None, speed: float) -> None:
+    if precision not in PRECISIONS:
+        raise WorkloadError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    if schedule not in SCHEDULES:
+        raise WorkloadError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    if steps is None and duration_s is None:
+        raise WorkloadError("give steps or duration_s")
+    if steps is not None and steps < 1:
+        raise WorkloadError(f"steps = {steps!r}: expected an integer >= 1")
+    if not speed > 0:
+        raise WorkloadError(f"speed = {speed!r}: expected a number > 0")
+
+
+def _drive(wl: Any, table: SpanTable, steps: int | None, duration_s: float | None,
+           speed: float | None, bar: _Progress) -> tuple[int, float]:  # fmt: skip
+    """Run steps until `steps` or `duration_s`; with a `speed`, pace them to wall time:
+    a step's spans are handed over once the wall clock reaches the step's end, so a live
+    view never shows work from its future. Returns (steps done, virtual end)."""
+    wall0 = time.monotonic()
+    done, virtual = 0, 0.0
+    while (steps is None or done < steps) and (duration_s is None or virtual < duration_s * 1e9):
+        virtual = max(virtual, wl.step(done))
+        done += 1
+        if speed is not None:
+            time.sleep(max(0.0, wall0 + virtual / 1e9 / speed - time.monotonic()))
+            table.flush()
+        else:
+            table.maybe_flush()
+        bar.update(done, table.total + table.pending)
+    table.flush()
+    return done, virtual

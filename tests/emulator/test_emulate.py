@@ -136,3 +136,23 @@ def test_demo_runs_the_default_rack_and_prints_a_summary(tmp_path, capsys):
     assert "rack6" in out and "nvlink6" in out and "backward" in out
     (m,) = read_manifests([tmp_path / "demo"])
     assert m["topology"]["name"] == "rack6" and m["emulation"]["realtime"] is True
+
+
+def test_progress_bar_on_stderr(tmp_path, capsys):
+    emulate(steps=3, seed=1, out=tmp_path / "p", progress=True)
+    err = capsys.readouterr().err
+    assert "3/3 steps" in err and "#" in err
+
+
+def test_cli_takes_a_topology_path(tmp_path, capsys):
+    from pathlib import Path
+
+    from chiptrace.cli import main as cli
+
+    path = Path(__file__).resolve().parents[2] / "samples" / "topologies" / "mixed_npu.toml"
+    rc = cli(["emulate", "--topology", str(path), "--workload", "infer", "--schedule", "dynamic",
+              "--steps", "12", "--out", str(tmp_path / "m"), "--no-progress"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    used = {c for (c,) in connect(tmp_path / "m").sql(
+        "SELECT DISTINCT chip_id FROM spans WHERE name = 'prefill' AND chip_id IS NOT NULL").fetchall()}  # fmt: skip
+    assert {"gpu:0", "npu:0"} <= used
