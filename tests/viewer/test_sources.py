@@ -162,3 +162,23 @@ async def test_emulator_feeds_the_viewer_in_process(tmp_path: Path) -> None:
         high = {a.culprit for a in app.alerts if a.severity == "high"}
         assert "nvlink6:gpu:0-switch:0" in high
         assert "nvlink6:gpu:7-switch:0" not in high  # a hop after it: slow, not the culprit
+
+
+def test_replay_paces_a_finished_trace(rack_dir: Path) -> None:
+    from chiptrace.viewer.sources import DirSource
+
+    total = chiptrace.connect(rack_dir).sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    src, feed = DirSource(rack_dir, replay=2.0), SpanFeed()  # the 1 s trace in 0.5 s
+    src.poll(feed)
+    first = sum(b.num_rows for b in feed.drain())
+    assert first < total / 4  # only what ended in the first instant
+    seen, ends = first, []
+    deadline = time.monotonic() + 5
+    while seen < total and time.monotonic() < deadline:
+        time.sleep(0.05)
+        src.poll(feed)
+        for b in feed.drain():
+            seen += b.num_rows
+            ends.append(b.column("end_ns").to_numpy().max())
+    assert seen == total
+    assert ends == sorted(ends) and len(ends) > 3  # in end order, over several polls
