@@ -157,6 +157,56 @@ def stored(sizes: tuple[int, int]) -> list[tuple[int, float, float]]:
     return out
 
 
+def _trace_table(n: int) -> pa.Table:
+    """One trace of n spans over 8 GPUs and 4 links, as the explorer's query returns it."""
+    rng = np.random.default_rng(3)
+    lanes = np.arange(n) % 12
+    start = np.sort(rng.integers(0, 2 * 10**9, n))
+    chips = [f"gpu:{i}" if i < 8 else None for i in range(12)]
+    links = [None] * 8 + [f"nvlink6:gpu:{i}-switch:0" for i in range(4)]
+    return pa.table({
+        "span_id": [f"{i:016x}" for i in range(n)], "parent_span_id": [None] * n,
+        "name": pa.array(["op"] * n).dictionary_encode(), "start_ns": start,
+        "end_ns": start + rng.integers(1_000, 200_000, n),
+        "chip_id": pa.array([chips[k] for k in lanes]), "link_id": pa.array([links[k] for k in lanes]),
+    })  # fmt: skip
+
+
+async def waterfall(n: int) -> dict[str, float]:
+    """Open an n-span trace in the waterfall and scroll it: layout once, then only the
+    visible rows are drawn."""
+    from chiptrace.viewer.queries import _last_predecessor_path
+    from chiptrace.viewer.widgets.waterfall import Waterfall, WaterfallRows
+    from textual.app import App
+
+    table = _trace_table(n)
+    t = time.perf_counter()
+    crit = _last_predecessor_path(table)
+    t_crit = time.perf_counter() - t
+    t = time.perf_counter()
+    rows = WaterfallRows(table, crit)
+    t_layout = time.perf_counter() - t
+
+    class One(App[None]):
+        def compose(self):  # noqa: ANN202
+            yield Waterfall()
+
+    app = One()
+    async with app.run_test(size=(120, 40)) as pilot:
+        wf = app.query_one(Waterfall)
+        wf.load(rows)
+        wf.lanes = False  # a row per span: n rows, the worst case for drawing
+        await pilot.pause()
+        t = time.perf_counter()
+        steps = 50
+        for k in range(steps):  # jump through the whole trace, a screen drawn each time
+            wf.scroll_to(0, (len(rows) - 40) * k // steps, animate=False)
+            wf.refresh()
+            await pilot.pause()
+        t_scroll = (time.perf_counter() - t) / steps
+    return {"layout_s": t_layout, "critical_s": t_crit, "screen_ms": t_scroll * 1e3, "rows": len(rows)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small, fast run")
@@ -181,6 +231,13 @@ def main() -> None:
         print(f"  {n:>10,}  {ours:>12.3f}  {naive:>15.1f}  {naive / ours:>16.0f}x")
     (n0, o0, v0), (n1, o1, v1) = rows
     print(f"  growth {n1 // n0}x stored: chiptrace {o1 / o0:.2f}x, naive {v1 / v0:.2f}x")
+
+    n = 100_000
+    w = asyncio.run(waterfall(n))
+    print(f"\nwaterfall of one {n:,}-span trace ({w['rows']:,} rows, a row per span, 120x40)")
+    print(f"  layout (NumPy, once)        {w['layout_s'] * 1e3:8.1f} ms")
+    print(f"  critical path (fallback)    {w['critical_s'] * 1e3:8.1f} ms")
+    print(f"  scroll + redraw one screen  {w['screen_ms']:8.2f} ms   (only visible rows are drawn)")
 
 
 if __name__ == "__main__":
