@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from chiptrace.exporters.otlp_config import OtlpSettings, resolve
+from chiptrace.exporters.otlp_config import ENV_TRACES_ENDPOINT, OtlpSettings, resolve
 from chiptrace.exporters.otlp_encode import encode_spans, requests
 from chiptrace.exporters.otlp_transport import ExportError, make_transport, send_with_retry
 from chiptrace.exporters.source import SpanFilter, SpanSource
@@ -150,6 +150,8 @@ class OtlpSink:
         retries: int = 2,
         batch_spans: int = DEFAULT_BATCH_SPANS,
     ) -> None:
+        if endpoint and endpoint == os.environ.get(ENV_TRACES_ENDPOINT, "").strip():
+            endpoint = None  # init() passed the signal-specific variable on: use it as given
         self.settings = resolve(endpoint)
         self.retries = retries
         self.batch_spans = batch_spans

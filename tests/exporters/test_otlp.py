@@ -219,3 +219,17 @@ def test_progress_bar_draws_on_stderr(capsys: pytest.CaptureFixture[str]) -> Non
     bar.end()
     err = capsys.readouterr().err
     assert "4/4 spans" in err and "#" * 30 in err
+
+
+def test_live_sink_uses_the_traces_endpoint_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chiptrace.exporters.otlp import OtlpSink
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/custom/traces")
+    sink = OtlpSink("http://127.0.0.1:9/custom/traces")
+    try:
+        assert sink.settings.url == "http://127.0.0.1:9/custom/traces"
+    finally:
+        sink.close(timeout_s=0.1)
+    sink = OtlpSink("http://127.0.0.1:9")
+    assert sink.settings.url == "http://127.0.0.1:9/v1/traces"
+    sink.close(timeout_s=0.1)
