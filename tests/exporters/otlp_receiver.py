@@ -7,7 +7,8 @@ Listens on 127.0.0.1 with OTLP/HTTP (POST /v1/traces, protobuf, gzip) and OTLP/g
 one JSON line: {"http": PORT, "grpc": PORT}. Every request body (decompressed) is appended
 to FILE as a 4-byte little-endian length and the bytes. GET /stats returns counters and the
 headers seen. `--fail-first N` answers the first N HTTP requests 503 and the first N gRPC
-calls UNAVAILABLE (to test retries). Stops on SIGTERM or when stdin closes.
+calls UNAVAILABLE (to test retries); `--fail-after N` fails every request after N good ones.
+Stops on SIGTERM or when stdin closes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 
 class State:
-    def __init__(self, out: str | None, fail_first: int, parse: bool) -> None:
+    def __init__(self, out: str | None, fail_first: int, parse: bool, fail_after: int = -1) -> None:
+        self.fail_after = fail_after
         self.lock = threading.Lock()
         self.out = open(out, "ab") if out else None  # noqa: SIM115 - held for the process
         self.fail_left = {"http": fail_first, "grpc": fail_first}
@@ -37,6 +39,9 @@ class State:
 
     def should_fail(self, kind: str) -> bool:
         with self.lock:
+            if 0 <= self.fail_after <= self.stats["requests"]:
+                self.stats["failed"] += 1
+                return True
             if self.fail_left[kind] > 0:
                 self.fail_left[kind] -= 1
                 self.stats["failed"] += 1
@@ -114,8 +119,9 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--fail-first", type=int, default=0)
     ap.add_argument("--no-parse", action="store_true")
+    ap.add_argument("--fail-after", type=int, default=-1, help="503 every request after N good ones")
     args = ap.parse_args()
-    state = State(args.out, args.fail_first, not args.no_parse)
+    state = State(args.out, args.fail_first, not args.no_parse, args.fail_after)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), http_handler(state))
     httpd.daemon_threads = True
     gserver = grpc.server(futures.ThreadPoolExecutor(max_workers=4),

@@ -233,3 +233,17 @@ def test_live_sink_uses_the_traces_endpoint_as_given(monkeypatch: pytest.MonkeyP
     sink = OtlpSink("http://127.0.0.1:9")
     assert sink.settings.url == "http://127.0.0.1:9/v1/traces"
     sink.close(timeout_s=0.1)
+
+
+def test_failure_midway_says_how_many_spans_got_there(
+    code_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rec = Receiver(tmp_path, "--fail-after", "2")
+    try:
+        rc = main(["export", str(code_trace), "--otlp", rec.http_url, "--batch-size", "3", "--retries", "1"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 1 and len(err.splitlines()) == 1
+        assert "sent 6 of 11 spans" in err
+        assert len(rec.spans()) == 6
+    finally:
+        rec.stop()
