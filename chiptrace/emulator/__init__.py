@@ -11,10 +11,11 @@ from __future__ import annotations
 from chiptrace.emulator.errors import EmulatorError, FaultError, TopologyError, WorkloadError
 from chiptrace.emulator.faults import Fault, parse_fault
 from chiptrace.emulator.run import EmulationResult, emulate, make_config
+from chiptrace.emulator.scenarios import SCENARIOS
 from chiptrace.emulator.topology import PRESETS, Topology, build_topology, load_topology
 
 __all__ = [
-    "PRESETS", "EmulationResult", "EmulatorError", "Fault", "FaultError", "Topology",
+    "PRESETS", "SCENARIOS", "EmulationResult", "EmulatorError", "Fault", "FaultError", "Topology",
     "TopologyError", "WorkloadError", "build_topology", "emulate", "load_topology",
     "make_config", "parse_fault",
 ]  # fmt: skip

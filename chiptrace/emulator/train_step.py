@@ -40,8 +40,8 @@ def run_step(tr: Training, s: int, t0: float) -> float:
 
     ready, h2d_ids = _input(tr, s, t0, trace, ph["input"], bounds)
     _, bwd_end = _compute(tr, t0, ready, h2d_ids, trace, ph, bounds)
-    ar_end = _allreduce(tr, bwd_end, trace, ph["allreduce"], bounds)
-    end = _optimizer(tr, ar_end, trace, ph["optimizer"], bounds)
+    ar_end, last_bucket = _allreduce(tr, bwd_end, trace, ph["allreduce"], bounds)
+    end = _optimizer(tr, ar_end, trace, ph["optimizer"], bounds, last_bucket)
     for name, (a, b) in bounds.items():
         tb.add(trace, tb.name(name), a, b, root, span_ids=np.array([ph[name]], np.uint64))
     # The root spans [previous step's end, this end]: step times tile the run. Prefetched
@@ -99,10 +99,10 @@ def _compute(tr: Training, t0: float, ready: np.ndarray, h2d_ids: np.ndarray, tr
     return fe, be  # be[:, j] is layer L-1-j
 
 
-def _allreduce(tr: Training, bwd_end: np.ndarray, trace: int, parent: int, bounds: dict) -> float:
+def _allreduce(tr: Training, bwd_end: np.ndarray, trace: int, parent: int, bounds: dict) -> tuple[float, int]:
     cfg, tb, net = tr.cfg, tr.ctx.table, tr.ctx.network
     L = cfg.layers
-    prev, first = 0.0, None
+    prev, first, bid = 0.0, None, np.zeros(1, np.uint64)
     name, bucket_name = tb.name(f"allreduce.{cfg.allreduce}"), tb.name("allreduce.bucket")
     done_at = bwd_end.max(axis=0)  # column j: layer L-1-j done on every rank
     for layer, nbytes in tr.buckets:
@@ -117,10 +117,11 @@ def _allreduce(tr: Training, bwd_end: np.ndarray, trace: int, parent: int, bound
         first = st if first is None else first
         prev = end
     bounds["allreduce"] = (first if first is not None else prev, prev)
-    return prev
+    return prev, int(bid[0])
 
 
-def _optimizer(tr: Training, t: float, trace: int, parent: int, bounds: dict) -> float:
+def _optimizer(tr: Training, t: float, trace: int, parent: int, bounds: dict, after: int) -> float:
+    """GPU Adam (linked to the last all-reduce bucket it waited on) or the CPU offload path."""
     ctx, cfg, tb = tr.ctx, tr.cfg, tr.ctx.table
     P = cfg.params
     if cfg.optimizer == "gpu":
@@ -128,7 +129,8 @@ def _optimizer(tr: Training, t: float, trace: int, parent: int, bounds: dict) ->
         st = t + np.array([0.0 for _ in chips])
         dur = np.array([roofline_ns(c, 12 * P, 16 * P, "fp32" if "fp32" in c.peak_flops else tr.precision, ctx.slow.get(c.id, 1.0)) for c in chips])
         tb.add(trace, tb.name("adam"), st, st + dur, parent, chip=np.array([ctx.chip(g) for g in tr.gpus]),
-               op="compute", nbytes=int(16 * P), flops=int(12 * P), precision="fp32")  # fmt: skip
+               op="compute", nbytes=int(16 * P), flops=int(12 * P), precision="fp32",
+               links=[[(trace, after)] if after else None] * len(chips))  # fmt: skip
         bounds["optimizer"] = (t, float((st + dur).max()))
         return float((st + dur).max())
     return _cpu_optimizer(tr, t, trace, parent, bounds)

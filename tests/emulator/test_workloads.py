@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from chiptrace.emulator import WorkloadError, emulate
+from chiptrace.emulator import SCENARIOS, WorkloadError, emulate
 from chiptrace.query import connect
+from chiptrace.store import read_manifests
 
 
 def _q(out, sql):
@@ -138,3 +141,32 @@ def test_no_overlap_serializes_allreduce_after_backward(tmp_path):
     (row,) = _q(base.out, "SELECT max(end_ns) FILTER (WHERE name = 'backward'), "
                           "min(start_ns) FILTER (WHERE name = 'allreduce') FROM spans")  # fmt: skip
     assert row[1] < row[0]
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_every_named_scenario_runs_and_records_itself(tmp_path, name):
+    r = emulate(**SCENARIOS[name], steps=2, seed=1, out=tmp_path / name, progress=False)
+    (m,) = read_manifests([r.out])
+    assert m["spans_written"] == r.spans > 0
+    assert [f["spec"] for f in m["faults"]] == SCENARIOS[name].get("faults", [])
+
+
+def test_dynamic_placement_moves_input_work_off_a_thin_dpu(tmp_path):
+    phase = {}
+    for policy in ("static", "dynamic"):
+        r = emulate(steps=3, seed=1, out=tmp_path / policy, faults=["slow:dpu:0:8"], schedule=policy, progress=False)
+        phase[policy] = _phase_ms(r.out, "input")
+        share = dict(_q(r.out, "SELECT chip_id, count(*) FROM spans WHERE name = 'preprocess' GROUP BY ALL"))
+        if policy == "dynamic":
+            assert share["dpu:1"] > share.get("dpu:0", 0)
+    assert phase["dynamic"] < phase["static"]
+
+
+def test_gpu_optimizer_links_to_the_last_allreduce_bucket(tmp_path):
+    r = emulate(steps=1, seed=1, out=tmp_path / "o", progress=False)
+    con = connect(r.out)
+    rows = con.sql("SELECT links FROM spans WHERE name = 'adam'").fetchall()
+    assert len(rows) == 8
+    target = {json.loads(x)[0]["span_id"] for (x,) in rows}
+    (only,) = target
+    assert con.sql(f"SELECT name FROM spans WHERE span_id = '{only}'").fetchall() == [("allreduce.bucket",)]
