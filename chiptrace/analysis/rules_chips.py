@@ -7,6 +7,7 @@ of the analysed wall time where a rule works on totals).
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -230,7 +231,7 @@ def precision_opportunity(x: RuleInput) -> list[Finding]:
         if share < 0.01:
             continue
         cur = max(by_prec, key=lambda p: by_prec[p])
-        sev = "medium" if share >= 0.10 else "low"  # an opportunity, never a fault
+        sev = "low"  # an opportunity, not a fault: it ranks after every real bottleneck
         out.append(Finding(
             "precision-opportunity", sev, ctype,
             {"precision": cur, "faster_format": fmt, "peak_ratio": round(ratio, 2),
@@ -243,10 +244,16 @@ def precision_opportunity(x: RuleInput) -> list[Finding]:
 
 def _fabric(s: dict) -> bool:
     """A span keeping a GPU/NPU side busy: work on one, or a transfer between two."""
-    if s["chip_type"] in COMPUTE_TYPES:
+    return _fabric_key(s["chip_type"], s["link_id"], s["link_src"], s["link_dst"])
+
+
+@functools.lru_cache(maxsize=65536)
+def _fabric_key(chip_type: str | None, link: str | None, src: str | None, dst: str | None) -> bool:
+    # Cached: a step has 100,000s of spans but only a few hundred distinct chips and links.
+    if chip_type in COMPUTE_TYPES:
         return True
-    ends = [(e or "").rsplit("/", 1)[-1].split(":")[0] for e in (s["link_src"], s["link_dst"])]
-    return bool(s["link_id"]) and all(e in (*COMPUTE_TYPES, "switch") for e in ends)
+    ends = [(e or "").rsplit("/", 1)[-1].split(":")[0] for e in (src, dst)]
+    return bool(link) and all(e in (*COMPUTE_TYPES, "switch") for e in ends)
 
 
 def _host_key(s: dict) -> str | None:

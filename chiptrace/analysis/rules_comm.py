@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections import defaultdict
 
@@ -19,6 +20,7 @@ MANY = 50
 POOR_OVERLAP = 0.30  # under 30% of communication hidden behind compute
 
 
+@functools.lru_cache(maxsize=65536)
 def _chip_type(chip: str | None) -> str:
     return (chip or "").rsplit("/", 1)[-1].split(":")[0]
 
@@ -129,10 +131,19 @@ def latency_bound(x: RuleInput) -> list[Finding]:
 
 
 def _is_comm(s: dict) -> bool:
-    if s["link_id"]:
-        ends = [_chip_type(s["link_src"]), _chip_type(s["link_dst"])]
-        return any(e in COMPUTE_TYPES for e in ends) or not any(ends)
-    return s["chip_type"] in COMPUTE_TYPES and s["op_kind"] == "comm"
+    """Collective traffic: transfers on the GPU/NPU fabric (both ends compute chips or
+    switches; unknown ends count too), or comm ops on a compute chip. Host copies (PCIe,
+    C2C to a CPU) are the data path, judged by the starvation rule instead."""
+    return _comm_key(s["link_id"], s["link_src"], s["link_dst"], s["chip_type"], s["op_kind"])
+
+
+@functools.lru_cache(maxsize=65536)
+def _comm_key(link: str | None, src: str | None, dst: str | None, chip_type: str | None,
+              op_kind: str | None) -> bool:  # fmt: skip
+    if link:
+        ends = [_chip_type(src), _chip_type(dst)]
+        return all(e in (*COMPUTE_TYPES, "switch", "") for e in ends)
+    return chip_type in COMPUTE_TYPES and op_kind == "comm"
 
 
 def _is_compute(s: dict) -> bool:

@@ -41,8 +41,12 @@ class Step:
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
 
+    leaf_spans: tuple[dict[str, Any], ...] = ()
+
     def leaves(self) -> list[dict[str, Any]]:
         """Spans with no child in the step: the work that actually ran."""
+        if self.leaf_spans:
+            return list(self.leaf_spans)
         parents = {s["parent_span_id"] for s in self.spans if s["parent_span_id"]}
         return [s for s in self.spans if s["span_id"] not in parents]
 
@@ -83,11 +87,14 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
     for row in result:
         d = dict(zip(names, row, strict=True))
         by_trace.setdefault(d["trace_id"], []).append(d)
-    return [
-        Step(r["trace_id"], r["span_id"], r["name"], int(r["start_ns"]), int(r["end_ns"]),
-             tuple(by_trace.get(r["trace_id"], ())))
-        for r in sel
-    ]  # fmt: skip
+    out = []
+    for r in sel:
+        spans = tuple(by_trace.get(r["trace_id"], ()))
+        parents = {s["parent_span_id"] for s in spans if s["parent_span_id"]}
+        leaves = tuple(s for s in spans if s["span_id"] not in parents)
+        out.append(Step(r["trace_id"], r["span_id"], r["name"], int(r["start_ns"]),
+                        int(r["end_ns"]), spans, leaves))  # fmt: skip
+    return out
 
 
 # ---------------------------------------------------------------- interval arithmetic

@@ -34,6 +34,7 @@ RULES: dict[str, Rule] = {
 }
 
 REPORT_VERSION = 1
+SAMPLE_SPANS = 150_000  # spans analysed one by one (critical path, overlap, starvation)
 
 
 def run_rules(x: rc.RuleInput, rules: Iterable[str] | None = None) -> list[Finding]:
@@ -148,7 +149,11 @@ class TraceAnalysis:
     @cached_property
     def steps(self) -> list[Step]:
         """The sampled steps with all their spans: slowest first, then the median."""
-        return load_steps(self.con, self.tables.steps, pick_steps(self.tables.steps, self.sample_steps))
+        t = self.tables
+        # Span-level work is Python: keep it to about SAMPLE_SPANS spans in all.
+        per_step = t.spans / max(t.steps.num_rows, 1)
+        k = max(1, min(self.sample_steps, int(SAMPLE_SPANS // max(per_step, 1))))
+        return load_steps(self.con, t.steps, pick_steps(t.steps, k if self.sample_steps else 0))
 
     @cached_property
     def critical_paths(self) -> list[CriticalPath]:
