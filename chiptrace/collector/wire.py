@@ -2,8 +2,8 @@
 
 opentelemetry-proto's parser is C, but every field read from Python through its objects
 costs about half a microsecond, ~15 us a span in all. This reader walks the wire format
-itself and touches each span's bytes once. What repeats is decoded once per request
-through caches keyed by the raw bytes: a `KeyValue` (`chip.id = gpu:3`), a status, a
+itself (chiptrace.collector._pbwire) and touches each span's bytes once. What repeats is
+decoded once, through caches keyed by the raw bytes and shared across requests: a `KeyValue` (`chip.id = gpu:3`), a status, a
 resource, a scope, and a span's whole set of generic attributes as JSON. What is rare
 (events, links, a value seen for the first time) goes through opentelemetry-proto's classes.
 """
@@ -17,9 +17,10 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyVa
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from chiptrace.errors import ChiptraceError
+from chiptrace.collector._pbwire import WireError, fields, scan_span, span_header
 from chiptrace.schema import ATTRIBUTE_COLUMNS, dumps
 
+_HAS_CORE = object()  # a span tail holding ids, name, kind or times: not the fast shape
 _INT_COLUMNS = frozenset({"op_bytes", "op_flops"})
 TYPED_COLUMNS = tuple(ATTRIBUTE_COLUMNS.values())
 SPAN_COLUMNS = (
@@ -27,57 +28,6 @@ SPAN_COLUMNS = (
     "status_code", "status_message", "service", "host", "pid", "scope", "resource",
     "attributes", "events", "links", *TYPED_COLUMNS,
 )  # fmt: skip
-
-
-class WireError(ChiptraceError):
-    """Bytes that are not a well-formed protobuf message."""
-
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    b = buf[i]
-    if b < 0x80:
-        return b, i + 1
-    result, shift = b & 0x7F, 7
-    while True:
-        i += 1
-        b = buf[i]
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, i + 1
-        shift += 7
-        if shift > 63:
-            raise WireError("varint longer than 10 bytes")
-
-
-def fields(buf: bytes, start: int, end: int) -> Any:
-    """Yield (field number, wire type, value or (lo, hi) slice bounds) over a message."""
-    i = start
-    while i < end:
-        key, i = _varint(buf, i)
-        num, wt = key >> 3, key & 7
-        if wt == 2:
-            n, i = _varint(buf, i)
-            if i + n > end:
-                raise WireError(f"field {num} runs {i + n - end} bytes past its message")
-            yield num, 2, (i, i + n)
-            i += n
-        elif wt == 0:
-            v, i = _varint(buf, i)
-            yield num, 0, v
-        elif wt == 1:
-            if i + 8 > end:
-                raise WireError(f"field {num} is cut short")
-            yield num, 1, int.from_bytes(buf[i : i + 8], "little")
-            i += 8
-        elif wt == 5:
-            if i + 4 > end:
-                raise WireError(f"field {num} is cut short")
-            yield num, 5, int.from_bytes(buf[i : i + 4], "little")
-            i += 4
-        else:
-            raise WireError(f"field {num} has unsupported wire type {wt}")
-    if i != end:
-        raise WireError("a message runs past its end")
 
 
 def _any(value: Any) -> Any:
@@ -200,7 +150,7 @@ class SpanReader:
         flags) often repeats byte for byte between spans and is decoded once per request.
         Anything else takes the field-by-field scan.
         """
-        head = _header(buf, lo, hi)
+        head = span_header(buf, lo, hi)
         if head is not None:
             trace_id, span_id, parent, name, kind, start, end, i = head
             tail = buf[i:hi]
@@ -210,7 +160,7 @@ class SpanReader:
                 self.rows.append((trace_id, span_id, parent, name, kind, start, end, status[0], status[1],
                                   res, scope, typed, rest, events, links))  # fmt: skip
                 return
-        sc = _scan(buf, lo, hi, self)
+        sc = scan_span(buf, lo, hi, self)
         trace_id, span_id, parent = sc[0], sc[1], sc[2]
         if len(trace_id) != 16 or len(span_id) != 8 or len(parent) not in (0, 8):
             self.rejected += 1
@@ -220,7 +170,7 @@ class SpanReader:
                           res, scope, typed, rest, events, links))  # fmt: skip
 
     def _tail(self, tail: bytes) -> Any:
-        sc = _scan(tail, 0, len(tail), self)
+        sc = scan_span(tail, 0, len(tail), self)
         if sc[11]:
             info: Any = _HAS_CORE
         else:
@@ -262,101 +212,6 @@ class SpanReader:
         }  # fmt: skip
         cols.update(zip(TYPED_COLUMNS, (list(col) for col in zip(*typed, strict=True)), strict=True))
         return cols
-
-
-_HAS_CORE = object()  # a span tail holding ids, name, kind or times: not the fast shape
-_CORE_FIELDS = frozenset({1, 2, 4, 5, 6, 7, 8})
-_I63 = 2**63
-
-
-def _header(buf: bytes, lo: int, hi: int) -> tuple[Any, ...] | None:
-    """(trace id, span id, parent, name, kind, start, end, end offset) when the span starts
-    the way SDKs write it; None otherwise."""
-    if hi - lo < 28 or buf[lo] != 0x0A or buf[lo + 1] != 16 or buf[lo + 18] != 0x12 or buf[lo + 19] != 8:
-        return None
-    trace_id, span_id = buf[lo + 2 : lo + 18], buf[lo + 20 : lo + 28]
-    i, parent, name, kind, start, end = lo + 28, None, "", 0, 0, 0
-    if i + 10 <= hi and buf[i] == 0x22 and buf[i + 1] == 8:
-        parent = buf[i + 2 : i + 10]
-        i += 10
-    if i + 2 <= hi and buf[i] == 0x2A and buf[i + 1] < 0x80:
-        n = buf[i + 1]
-        if i + 2 + n > hi:
-            return None
-        name = buf[i + 2 : i + 2 + n].decode("utf-8", "replace")
-        i += 2 + n
-    if i + 2 <= hi and buf[i] == 0x30 and buf[i + 1] < 0x80:
-        kind = buf[i + 1]
-        i += 2
-    if i + 9 <= hi and buf[i] == 0x39:
-        start = int.from_bytes(buf[i + 1 : i + 9], "little")
-        i += 9
-    if i + 9 <= hi and buf[i] == 0x41:
-        end = int.from_bytes(buf[i + 1 : i + 9], "little")
-        i += 9
-    if start >= _I63 or end >= _I63:
-        return None
-    return trace_id, span_id, parent, name, kind, start, end, i
-
-
-def _scan(buf: bytes, lo: int, hi: int, reader: SpanReader) -> list[Any]:
-    """Every field of a span (or a span's tail), read field by field.
-
-    Returns:
-        [trace_id, span_id, parent, name, kind, start, end, (code, message), attribute
-        raws, event raws, link raws, saw a core field].
-    """
-    out: list[Any] = [b"", b"", b"", "", 0, 0, 0, (0, None), [], [], [], False]
-    i = lo
-    while i < hi:
-        key = buf[i]
-        i += 1
-        if key >= 0x80:
-            key, i = _varint(buf, i - 1)
-        num, wt = key >> 3, key & 7
-        if num in _CORE_FIELDS:
-            out[11] = True
-        if wt == 2:
-            n = buf[i]
-            i += 1
-            if n >= 0x80:
-                n, i = _varint(buf, i - 1)
-            j = i + n
-            if j > hi:
-                raise WireError(f"span field {num} runs past the span")
-            raw = buf[i:j]
-            i = j
-            if num == 9:
-                out[8].append(raw)
-            elif num in (1, 2, 4):
-                out[{1: 0, 2: 1, 4: 2}[num]] = raw
-            elif num == 5:
-                out[3] = raw.decode("utf-8", "replace")
-            elif num == 15:
-                out[7] = reader.status_of(raw)
-            elif num == 11:
-                out[9].append(raw)
-            elif num == 13:
-                out[10].append(raw)
-        elif wt == 1:
-            j = i + 8
-            if j > hi:
-                raise WireError(f"span field {num} is cut short")
-            if num in (7, 8):
-                v = int.from_bytes(buf[i:j], "little")
-                out[num - 2] = v if v < _I63 else 0
-            i = j
-        elif wt == 0:
-            v, i = _varint(buf, i)
-            if num == 6:
-                out[4] = v if v < 128 else 0
-        elif wt == 5:
-            i += 4
-        else:
-            raise WireError(f"span field {num} has unsupported wire type {wt}")
-    if i != hi:
-        raise WireError("a span runs past its end")
-    return out
 
 
 def _events(raws: list[bytes]) -> str:
