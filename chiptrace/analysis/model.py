@@ -99,7 +99,7 @@ class CriticalPath:
     def share(self, by: str) -> dict[str, float]:
         """Fraction of the step's time on the path per `chip_type`, `link_type`, `op_kind`
         or `name`. Untraced time is ``gap``; transfers count as ``link`` by chip type, and
-        work off any link as ``none`` by link type."""
+        work off any link as ``none`` by link type, spans without the column ``untagged``."""
         out: dict[str, float] = {}
         total = max(self.duration_ns, 1)
         for seg in self.segments:
@@ -115,4 +115,4 @@ def _fallback(seg: PathSegment, by: str) -> str:
         return "link"
     if by == "link_type":
         return "none"
-    return "-"
+    return "untagged"

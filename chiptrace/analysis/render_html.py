@@ -107,6 +107,18 @@ def _metrics_table(m: dict[str, Any]) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+def _rows_table(rows: list[dict[str, Any]], empty: str) -> str:
+    if not rows:
+        return f"<p>{_e(empty)}</p>"
+    head = "".join(f"<th>{_e(k)}</th>" for k in rows[0])
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{"n" if isinstance(v, (int, float)) else ""}">{_e(v)}</td>'
+                         for v in r.values()) + "</tr>"
+        for r in rows
+    )  # fmt: skip
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
 def render_html(d: dict[str, Any]) -> str:
     """The whole report as one HTML page."""
     cp = d.get("critical_path")
@@ -123,6 +135,8 @@ def render_html(d: dict[str, Any]) -> str:
         "<h2>Critical path of the slowest step</h2>",
         f"<p>{_e(cp['root'])}: {cp['duration_ms']:.3f} ms, trace {_e(cp['trace_id'])}</p>" if cp else "",
         breakdown_svg(shares),
+        "<h2>Chips</h2>", _rows_table(d.get("chips", []), "No chip-tagged spans."),
+        "<h2>Links</h2>", _rows_table(d.get("links", []), "No link transfers."),
     ]  # fmt: skip
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")  # fmt: skip

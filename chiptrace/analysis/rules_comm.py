@@ -62,7 +62,8 @@ def _slow_links(x: RuleInput, links: list[dict]) -> list[Finding]:
             {"cause": "slow link", "link_type": p["type"], "achieved_GBps": round(achieved / 1e9, 3),
              "peer_median_GBps": round(peer / 1e9, 3),
              "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
-             "busy_share": round(p["busy"] / t.wall_ns, 4), "transfers": p["transfers"],
+             "busy_share_both_directions": round(p["busy"] / t.wall_ns, 4),
+             "transfers": p["transfers"],
              "lost_ms": _ms(lost)},
             f"{link_id} moves {achieved / peer:.0%} of what other {p['type']} links do: check "
             f"the link (degraded lanes, errors) or route around it", share))  # fmt: skip

@@ -128,8 +128,8 @@ def _chip_ops(con: Any, a: str) -> tuple[pa.Table, pa.Table]:
         FROM chip_ops({a})
         GROUP BY GROUPING SETS ((trace_id, chip_id), (chip_id, op_kind, op_precision, name))""")
     g = t.column("g").to_pylist()
-    per_step = t.filter(pa.array([x == 0 for x in g]))
-    per_op = t.filter(pa.array([x != 0 for x in g]))
+    per_step = t.filter(pa.array([x == 0 for x in g], pa.bool_()))
+    per_op = t.filter(pa.array([x != 0 for x in g], pa.bool_()))
     step_chips = per_step.select(["trace_id", "chip_id", "chip_type", "first_ns", "last_ns", "op_ns"])
     chip_ops = per_op.select(
         ["chip_id", "chip_type", "op_kind", "op_precision", "name", "ops", "op_ns", "flops", "bytes"]
@@ -172,7 +172,7 @@ def _steps(con: Any, a: str, step_name: str | None) -> pa.Table:
     names = roots.column("name").to_pylist()
     if step_name is None or step_name not in names:
         step_name = max(set(names), key=lambda n: (names.count(n), n))
-    return roots.filter(pa.array([n == step_name for n in names]))
+    return roots.filter(pa.array([n == step_name for n in names], pa.bool_()))
 
 
 def _manifests(con: Any) -> list[dict[str, Any]]:

@@ -77,3 +77,29 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys, argv: list[str], needle: 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("chiptrace: error:") and needle in err and "\n" not in err
+
+
+def test_report_on_untagged_code_and_an_empty_window(tmp_path: Path, capsys) -> None:
+    import time
+
+    import chiptrace
+
+    d = tmp_path / "plain"
+    chiptrace.init(d, flush_interval_s=60)
+
+    @chiptrace.trace
+    def outer() -> None:
+        with chiptrace.span("inner"):
+            time.sleep(0.001)
+
+    for _ in range(3):
+        outer()
+    chiptrace.shutdown()
+    assert main(["report", str(d), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["metrics"]["steps"] == 3 and data["metrics"]["utilization"] == {}
+    assert data["critical_path"]["by_chip_type"].get("untagged", 0) > 0.5
+    later = str(time.time_ns() + 10**12)
+    assert main(["report", str(d), "--since-ns", later, "--json"]) == 0
+    empty = json.loads(capsys.readouterr().out)
+    assert empty["metrics"]["spans"] == 0 and empty["findings"] == []
