@@ -2,7 +2,8 @@
 
 `--partition-by date,host` writes `spans/date=2026-11-30/host=node1/part-*.parquet`, the
 layout DuckDB (`hive_partitioning`), Spark and Trino read as one dataset. The date is the
-span's start in UTC; a span without a host goes under `host=unknown`.
+span's start in UTC; a span without a host goes under Hive's null partition
+(`host=__HIVE_DEFAULT_PARTITION__`), which readers turn back into NULL.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from chiptrace.errors import ConfigError
 from chiptrace.store import PartWriter
 
 PARTITION_KEYS = ("date", "host", "service")
+# Hive's name for a null partition value: DuckDB, Spark and Trino read it back as NULL.
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:-]")
 
 
@@ -43,7 +46,7 @@ def _values(batch: pa.RecordBatch, key: str) -> list[str]:
     col = batch.column(key)
     if pa.types.is_dictionary(col.type):
         col = col.cast(pa.string())
-    return [_UNSAFE.sub("_", v) if v else "unknown" for v in col.to_pylist()]
+    return [_UNSAFE.sub("_", v) if v else NULL_PARTITION for v in col.to_pylist()]
 
 
 class PartitionedStoreSink:

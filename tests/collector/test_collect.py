@@ -195,12 +195,18 @@ def test_partition_by_date_and_host(tmp_path: Path) -> None:
     c = Collector(tmp_path / "p", partition_by="date,host")
     try:
         run_sender("--http", c.url, "--spans", "20")
+        assert post(c.url, sample_request(3, 500))[0] == 200  # no host.name, start in 1970
     finally:
         c.close()
-    parts = list((tmp_path / "p" / "spans").rglob("*.parquet"))
-    assert parts and all(p.parent.name == "host=node7" and p.parent.parent.name.startswith("date=20")
-                         for p in parts)  # fmt: skip
-    assert len(stored(tmp_path / "p")) == 20
+    parts = {p.parent.relative_to(tmp_path / "p" / "spans").as_posix()
+             for p in (tmp_path / "p" / "spans").rglob("*.parquet")}  # fmt: skip
+    assert len(parts) == 2
+    assert "date=1970-01-01/host=__HIVE_DEFAULT_PARTITION__" in parts
+    (other,) = parts - {"date=1970-01-01/host=__HIVE_DEFAULT_PARTITION__"}
+    assert other.startswith("date=20") and other.endswith("/host=node7")
+    rows = stored(tmp_path / "p")
+    assert len(rows) == 23
+    assert {r["host"] for r in rows.values()} == {"node7", None}
 
 
 def test_receiver_class_reusable_with_a_callback() -> None:
