@@ -139,18 +139,23 @@ def main() -> int:
     if args.child:
         mode, d = args.child
         res = {"chiptrace": child_chiptrace, "check": child_check, "peer": child_peer}[mode](d)
-        res["maxrss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        res["maxrss_gib"] = ru.ru_maxrss / 2**20
+        res["cpu_s"] = ru.ru_utime + ru.ru_stime
         print(json.dumps(res, default=str))
         return 0
     n = args.spans or (500_000 if args.quick else 10_000_000)
     d = ensure_trace(n)
     ours = run_child("chiptrace", d)
     print(f"spans: {n:,} (synthetic, 8 GPUs + CPU + 2 DPUs, ring all-reduce), trace dir {d}")
-    print(f"chiptrace report --json : {ours['wall_s']:7.2f} s (process wall, startup included)   "
-          f"peak RSS {ours['maxrss_gib']:.2f} GiB")  # fmt: skip
+    print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
+          "(other work on the box stretches wall time; CPU time does not)")
+    print(f"chiptrace report --json : {ours['wall_s']:7.2f} s wall (startup included), "
+          f"{ours['cpu_s']:6.2f} s CPU, peak RSS {ours['maxrss_gib']:.2f} GiB")  # fmt: skip
     if not args.no_peer:
         peer = run_child("peer", d)
-        print(f"naive pyarrow + Python  : {peer['wall_s']:7.2f} s   peak RSS {peer['maxrss_gib']:.2f} GiB")
+        print(f"naive pyarrow + Python  : {peer['wall_s']:7.2f} s wall, {peer['cpu_s']:6.2f} s CPU, "
+              f"peak RSS {peer['maxrss_gib']:.2f} GiB")  # fmt: skip
         check = run_child("check", d)["busy"]
         same = check == peer["busy"]
         print(f"ratio (peer / chiptrace): {peer['wall_s'] / ours['wall_s']:.1f}x time, "
