@@ -170,7 +170,7 @@ def write_chrome_json(table: pa.Table, path: str | os.PathLike[str]) -> int:
     doc = to_chrome(table.to_pylist())
     try:
         with open(path, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, separators=(",", ":"))
+            fh.write(json.dumps(doc, separators=(",", ":")))  # one-shot: the C encoder, ~3x faster
     except OSError as e:
         raise ChiptraceError(f"cannot write {path}: {e.strerror}") from e
     return doc["otherData"]["spans"]
