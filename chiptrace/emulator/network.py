@@ -79,6 +79,24 @@ class Network:
                 raise TopologyError(f"no route from {src} to {dst} in topology {self.topology.name}{why}")
         return self._routes[key]
 
+    def nearest(self, src: str, candidates: Sequence[str]) -> str | None:
+        """The candidate cheapest to reach from src (one Dijkstra over the whole rack)."""
+        topo = self.topology
+        best: dict[str, float] = {src: 0.0}
+        heap = [(0.0, src)]
+        while heap:
+            cost, node = heapq.heappop(heap)
+            if cost > best.get(node, np.inf) or (node != src and topo.chips[node].type not in FORWARDERS):
+                continue
+            for nxt, li in topo.adjacency[node]:
+                d = 2 * li + (0 if topo.links[li].a == node else 1)
+                c = cost + self.dir_latency[d] + _PROBE_BYTES / self.dir_bw[d] * 1e9
+                if c < best.get(nxt, np.inf):
+                    best[nxt] = c
+                    heapq.heappush(heap, (c, nxt))
+        reachable = [c for c in candidates if c in best]
+        return min(reachable, key=lambda c: best[c]) if reachable else None
+
     def _dijkstra(self, src: str, dst: str, forwarders: frozenset[str]) -> Route | None:
         topo = self.topology
         for c in (src, dst):

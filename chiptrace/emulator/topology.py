@@ -144,8 +144,36 @@ def _read(name_or_path: str | Path) -> tuple[str, str]:
     )
 
 
+_MODEL_KEYS = ("type", "peak_tflops", "memory_GB", "memory_bandwidth_GBps", "launch_overhead_us")
+_KEYS = {
+    "": ("name", "description", "latency_us", "chip_models", "chips", "links"),
+    "chip_models": _MODEL_KEYS,
+    "chips": ("model", "count", *_MODEL_KEYS),
+    "links": ("type", "a", "b", "connect", "bandwidth_GBps", "latency_us"),
+}
+
+
+def _known_keys(table: Any, section: str, source: str, where: str) -> None:
+    """A misspelt key (`bandwith_GBps`) would silently fall back to a default: refuse it."""
+    if not isinstance(table, Mapping):
+        raise TopologyError(f"{source}: {where or 'the file'} must be a table")
+    for key in table:
+        if key not in _KEYS[section]:
+            raise TopologyError(
+                f"{source}: {where + '.' if where else ''}{key}: unknown key; expected one of "
+                f"{', '.join(_KEYS[section])}"
+            )
+
+
 def build_topology(data: Mapping[str, Any], source: str = "<dict>") -> Topology:
     """Validate a parsed TOML document and build the Topology it declares."""
+    _known_keys(data, "", source, "")
+    for name, m in (data.get("chip_models") or {}).items():
+        _known_keys(m, "chip_models", source, f"chip_models.{name}")
+    for section in ("chips", "links"):
+        items = data.get(section)
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            _known_keys(item, section, source, f"{section}[{i}]")
     models = _models(data.get("chip_models", {}), source)
     chips = _chips(data.get("chips"), models, source)
     links = _links(data.get("links"), chips, source, float(data.get("latency_us", 2.5)) * 1e3)

@@ -100,6 +100,8 @@ class Training:
             )
         self.memory_per_gpu = need
         self.host = {g: self._nearest_cpu(g) for g in self.gpus}
+        # Static placement feeds each GPU from its nearest DPU (the one on its own host).
+        self.home_dpu = {g: ctx.network.nearest(g, self.dpus) or self.dpus[0] for g in self.gpus}
         self.buckets = self._buckets()
         self.dpu_free = dict.fromkeys(self.dpus, 0.0)
         self.plans: dict[float, list] = {}  # collective rounds per bucket size
@@ -107,11 +109,7 @@ class Training:
         self.prev_start = 0.0
 
     def _nearest_cpu(self, gpu: str) -> str | None:
-        if not self.cpus:
-            return None
-        topo = self.ctx.topology
-        near = [n for n, _ in topo.adjacency[gpu] if topo.chips[n].type == "cpu"]  # its C2C/PCIe host
-        return min(near) if near else min(self.cpus, key=lambda c: (self.ctx.network.route(gpu, c).latency_ns, c))
+        return self.ctx.network.nearest(gpu, self.cpus) if self.cpus else None
 
     def _buckets(self) -> list[tuple[int, float]]:
         """Gradient buckets as (last layer whose gradients they hold, bytes): layers in
@@ -149,7 +147,8 @@ class Training:
 
 
 def input_plan(tr: Training, release: float) -> tuple[dict[str, str], dict[str, float]]:
-    """Which DPU preprocesses each rank's input (the schedule policy) and when it can start."""
+    """Which DPU preprocesses each rank's input, and how long it takes there. `static`: the
+    GPU's nearest DPU; `dynamic`: the DPU that would finish it first (earliest finish time)."""
     ctx, cfg = tr.ctx, tr.cfg
     nbytes = cfg.input_mb * 1e6
     durations = {
@@ -158,7 +157,9 @@ def input_plan(tr: Training, release: float) -> tuple[dict[str, str], dict[str, 
         for d in tr.dpus
     }  # fmt: skip
     free = {d: max(tr.dpu_free[d], release) + ctx.delay.get(d, 0.0) for d in tr.dpus}
-    placement = assign(tr.gpus, tr.dpus, durations, free, ctx.schedule)
+    if ctx.schedule == "static":
+        return dict(tr.home_dpu), durations
+    placement = assign(tr.gpus, tr.dpus, durations, free, "dynamic")
     return placement, durations
 
 

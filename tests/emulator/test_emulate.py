@@ -156,3 +156,27 @@ def test_cli_takes_a_topology_path(tmp_path, capsys):
     used = {c for (c,) in connect(tmp_path / "m").sql(
         "SELECT DISTINCT chip_id FROM spans WHERE name = 'prefill' AND chip_id IS NOT NULL").fetchall()}  # fmt: skip
     assert {"gpu:0", "npu:0"} <= used
+
+
+def test_multi_hop_transfer_is_one_span_per_hop_with_one_interval(tmp_path):
+    r = emulate(steps=1, seed=1, out=tmp_path / "h", progress=False)
+    rows = connect(r.out).sql("SELECT start_ns, end_ns, link_src, link_dst FROM spans WHERE name = 'h2d'").fetchall()
+    assert len(rows) == 16  # 8 ranks, each fed DPU -> CPU -> GPU: two hops
+    last = [x for x in rows if x[3].startswith("gpu:")]
+    assert len(last) == 8
+    for start, end, cpu, _gpu in last:
+        # cut through: the first hop, into that CPU from a DPU, has the very same interval
+        assert any(x[:2] == (start, end) and x[3] == cpu and x[2].startswith("dpu:") for x in rows)
+
+
+def test_same_seed_same_table_across_processes(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from chiptrace.emulator import emulate; "
+            "emulate(workload=sys.argv[1], steps=2, seed=5, out=sys.argv[2], progress=False)")  # fmt: skip
+    for hashseed, name in (("1", "a"), ("2", "b")):
+        env = {**os.environ, "PYTHONHASHSEED": hashseed}
+        subprocess.run([sys.executable, "-c", code, "infer", str(tmp_path / name)], env=env, check=True, timeout=120)
+    assert _table(tmp_path / "a").equals(_table(tmp_path / "b"))

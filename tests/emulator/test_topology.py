@@ -64,6 +64,10 @@ def test_routes_go_through_switches_not_gpus():
         (lambda d: d["links"][0].update(bandwidth_GBps=0), "links[0].bandwidth_GBps = 0"),
         (lambda d: d["links"][0].update(bandwidth_GBps=-3), "links[0].bandwidth_GBps = -3"),
         (lambda d: d["chips"][0].update(model="H9"), "chips[0].model = 'H9'"),
+        (lambda d: d["links"][0].update(bandwith_GBps=5), "links[0].bandwith_GBps: unknown key"),
+        (lambda d: d["chip_models"]["G"].update(memory_gb=5), "chip_models.G.memory_gb: unknown key"),
+        (lambda d: d["chips"][0].update(count=0), "chips[0].count = 0"),
+        (lambda d: d["links"][0].update(connect="mesh"), "links[0].connect = 'mesh'"),
     ],
 )
 def test_bad_topologies_name_field_and_value(make_tiny, edit, needle):
