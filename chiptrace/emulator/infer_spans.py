@@ -44,7 +44,9 @@ def emit_batch(inf: Inference, device: str, batch: list[tuple[float, int, int]],
         t_out = net.fluid([end], route, [nbytes])
         transfers(tb, route, np.array([end]), t_out, bt, int(broot), "egress", nbytes, op="io")
         end = float(t_out[0])
-    tb.add(bt, tb.name("batch"), start, end, 0, span_ids=np.array([broot], np.uint64))
+    tb.add(bt, tb.name("batch"), start, end, 0, span_ids=np.array([broot], np.uint64),
+           attrs=[{"batch.requests": len(batch), "batch.prompt_tokens": sum(r[1] for r in batch),
+                   "batch.device": device}])  # fmt: skip
     _requests(inf, batch, bt, int(broot), start, pre_s, pre_e, float(dec_e[-1]), end)
     return end
 
@@ -60,4 +62,5 @@ def _requests(inf: Inference, batch: list, bt: int, broot: int, start: float, pr
     starts = np.stack([arrival, np.full(n, pre_s), np.full(n, pre_e)], axis=1)
     ends = np.stack([np.full(n, start), np.full(n, pre_e), np.full(n, dec_e)], axis=1)
     tb.add(np.repeat(traces, 3), np.tile(names, n), starts.ravel(), ends.ravel(), np.repeat(roots, 3))
-    tb.add(traces, tb.name("request"), arrival, end, 0, span_ids=roots, links=[[(bt, broot)]] * n)
+    tb.add(traces, tb.name("request"), arrival, end, 0, span_ids=roots, links=[[(bt, broot)]] * n,
+           attrs=[{"request.prompt_tokens": r[1], "request.output_tokens": r[2]} for r in batch])

@@ -9,7 +9,7 @@ recorder in chunks, so a run of any length holds at most a chunk in memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -85,6 +85,7 @@ class SpanTable:
         self.traces: list[bytes] = []
         self._segments: list[tuple[np.ndarray, ...]] = []
         self._links: list[tuple[int, str]] = []  # (row offset in pending, JSON) for the few spans with links
+        self._attrs: list[tuple[int, str]] = []  # the same for the few spans with generic attributes
         self.pending = 0
         self.total = 0
 
@@ -122,12 +123,14 @@ class SpanTable:
         precision: str | None = None,
         span_ids: np.ndarray | None = None,
         links: Sequence[Sequence[tuple[int, int]] | None] | None = None,
+        attrs: Sequence[Mapping[str, Any] | None] | None = None,
     ) -> np.ndarray:
         """Add spans (arrays broadcast to one length; times in virtual ns). Returns span ids.
 
         `chip` is a chip index, `dir` a link direction id, -1 for none; `nbytes`/`flops` -1
         for none. Pass `span_ids` to use ids drawn earlier (for links to spans added later).
-        `links` gives per span the (trace handle, span id) pairs it waited on (OTel links).
+        `links` gives per span the (trace handle, span id) pairs it waited on (OTel links);
+        `attrs` per span the attributes outside the schema's columns (step, batch size).
         """
         shape = np.broadcast_shapes(*(np.shape(x) for x in (trace, name, start, end, parent, chip, dir, nbytes, flops)))
         n = int(shape[0]) if shape else 1
@@ -142,6 +145,9 @@ class SpanTable:
             for i, targets in enumerate(links):
                 if targets:
                     self._links.append((self.pending + i, self._links_json(targets)))
+        for i, a in enumerate(attrs or ()):
+            if a:
+                self._attrs.append((self.pending + i, dumps(a)))
         self.pending += n
         if self.pending >= self.chunk_spans:  # flush mid-step too: memory stays at about a chunk
             self.flush()
@@ -167,6 +173,7 @@ class SpanTable:
         self.total += self.pending
         self._segments.clear()
         self._links.clear()
+        self._attrs.clear()
         self.pending = 0
 
     def _batch(self, c: dict[str, np.ndarray]) -> pa.RecordBatch:
@@ -179,6 +186,9 @@ class SpanTable:
         links = [None] * n
         for off, payload in self._links:
             links[off] = payload
+        attrs = [None] * n
+        for off, payload in self._attrs:
+            attrs[off] = payload
         names = pa.array(sorted(self.names, key=self.names.get), _STR)
         cols = {
             "trace_id": tid,
@@ -198,6 +208,7 @@ class SpanTable:
             "op_flops": pa.array(c["flops"], mask=c["flops"] < 0),
             "op_precision": _dict_array(c["prec"].astype(np.int32), pa.array(PRECISIONS, _STR)),
             "links": pa.array(links, _STR) if self._links else pa.nulls(n, _STR),
+            "attributes": pa.array(attrs, _STR) if self._attrs else pa.nulls(n, _STR),
             **self.constants,
         }
         return batch_from_columns(cols, n)

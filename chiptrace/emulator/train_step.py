@@ -46,7 +46,8 @@ def run_step(tr: Training, s: int, t0: float) -> float:
         tb.add(trace, tb.name(name), a, b, root, span_ids=np.array([ph[name]], np.uint64))
     # The root spans [previous step's end, this end]: step times tile the run. Prefetched
     # input work started earlier and shows as a child that begins before its parent.
-    tb.add(trace, tb.name("train_step"), t0, end, 0, span_ids=np.array([root], np.uint64))
+    tb.add(trace, tb.name("train_step"), t0, end, 0, span_ids=np.array([root], np.uint64),
+           attrs=[{"train.step": s, "train.ranks": len(tr.gpus), "train.buckets": len(tr.buckets)}])  # fmt: skip
     return end
 
 

@@ -180,3 +180,12 @@ def test_same_seed_same_table_across_processes(tmp_path):
         env = {**os.environ, "PYTHONHASHSEED": hashseed}
         subprocess.run([sys.executable, "-c", code, "infer", str(tmp_path / name)], env=env, check=True, timeout=120)
     assert _table(tmp_path / "a").equals(_table(tmp_path / "b"))
+
+
+def test_roots_carry_generic_attributes(tmp_path):
+    r = emulate(steps=2, seed=1, out=tmp_path / "a", progress=False)
+    rows = connect(r.out).sql("SELECT attributes FROM spans WHERE name = 'train_step' ORDER BY start_ns").fetchall()
+    assert [json.loads(a)["train.step"] for (a,) in rows] == [0, 1]
+    r = emulate(workload="infer", steps=2, seed=1, out=tmp_path / "i", progress=False)
+    (a,) = connect(r.out).sql("SELECT any_value(attributes) FROM spans WHERE name = 'request'").fetchall()[0]
+    assert json.loads(a)["request.prompt_tokens"] > 0
