@@ -73,29 +73,33 @@ _I63 = 2**63
 
 def span_header(buf: bytes, lo: int, hi: int) -> tuple[Any, ...] | None:
     """(trace id, span id, parent, name, kind, start, end, end offset) when the span starts
-    the way SDKs write it; None otherwise."""
+    with its ids, then its other fixed fields in any order (the SDKs' order, and chiptrace's
+    encoder's); None otherwise. The bytes after the end offset are the span's "tail"."""
     if hi - lo < 28 or buf[lo] != 0x0A or buf[lo + 1] != 16 or buf[lo + 18] != 0x12 or buf[lo + 19] != 8:
         return None
     trace_id, span_id = buf[lo + 2 : lo + 18], buf[lo + 20 : lo + 28]
     i, parent, name, kind, start, end = lo + 28, None, "", 0, 0, 0
-    if i + 10 <= hi and buf[i] == 0x22 and buf[i + 1] == 8:
-        parent = buf[i + 2 : i + 10]
-        i += 10
-    if i + 2 <= hi and buf[i] == 0x2A and buf[i + 1] < 0x80:
-        n = buf[i + 1]
-        if i + 2 + n > hi:
-            return None
-        name = buf[i + 2 : i + 2 + n].decode("utf-8", "replace")
-        i += 2 + n
-    if i + 2 <= hi and buf[i] == 0x30 and buf[i + 1] < 0x80:
-        kind = buf[i + 1]
-        i += 2
-    if i + 9 <= hi and buf[i] == 0x39:
-        start = int.from_bytes(buf[i + 1 : i + 9], "little")
-        i += 9
-    if i + 9 <= hi and buf[i] == 0x41:
-        end = int.from_bytes(buf[i + 1 : i + 9], "little")
-        i += 9
+    while i + 2 <= hi:
+        t = buf[i]
+        if t == 0x39 and i + 9 <= hi:  # start_time_unix_nano
+            start = int.from_bytes(buf[i + 1 : i + 9], "little")
+            i += 9
+        elif t == 0x41 and i + 9 <= hi:  # end_time_unix_nano
+            end = int.from_bytes(buf[i + 1 : i + 9], "little")
+            i += 9
+        elif t == 0x22 and buf[i + 1] == 8 and i + 10 <= hi:  # parent_span_id
+            parent = buf[i + 2 : i + 10]
+            i += 10
+        elif t == 0x2A and buf[i + 1] < 0x80 and i + 2 + buf[i + 1] <= hi:  # name
+            name = buf[i + 2 : i + 2 + buf[i + 1]].decode("utf-8", "replace")
+            i += 2 + buf[i + 1]
+        elif t == 0x30 and buf[i + 1] < 0x80:  # kind
+            kind = buf[i + 1]
+            i += 2
+        elif t == 0x85 and buf[i + 1] == 0x01 and i + 6 <= hi:  # flags: not stored
+            i += 6
+        else:
+            break
     if start >= _I63 or end >= _I63:
         return None
     return trace_id, span_id, parent, name, kind, start, end, i

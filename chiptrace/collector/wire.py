@@ -23,6 +23,8 @@ from chiptrace.schema import ATTRIBUTE_COLUMNS, dumps
 _HAS_CORE = object()  # a span tail holding ids, name, kind or times: not the fast shape
 _INT_COLUMNS = frozenset({"op_bytes", "op_flops"})
 TYPED_COLUMNS = tuple(ATTRIBUTE_COLUMNS.values())
+_COL_INDEX = {c: i for i, c in enumerate(TYPED_COLUMNS)}
+_NO_TYPED = (None,) * len(TYPED_COLUMNS)
 SPAN_COLUMNS = (
     "trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns",
     "status_code", "status_message", "service", "host", "pid", "scope", "resource",
@@ -51,7 +53,7 @@ class Caches:
 
     def __init__(self, limit: int = 50_000) -> None:
         self.limit = limit
-        self.kv: dict[bytes, tuple[str | None, str, Any]] = {}
+        self.kv: dict[bytes, tuple[int | None, str, Any]] = {}
         self.attrs: dict[tuple[bytes, ...], tuple[tuple[Any, ...], str | None]] = {}
         self.tails: dict[bytes, Any] = {}
         self.status: dict[bytes, tuple[int, str | None]] = {}
@@ -82,11 +84,11 @@ class SpanReader:
 
     # ------------------------------------------------------------ caches (decoded on miss)
 
-    def _key_value(self, raw: bytes) -> tuple[str | None, str, Any]:
+    def _key_value(self, raw: bytes) -> tuple[int | None, str, Any]:
         kv = KeyValue.FromString(raw)
         value = _any(kv.value)
         col = ATTRIBUTE_COLUMNS.get(kv.key)
-        hit = (col if col is not None and _fits(col, value) else None, kv.key, value)
+        hit = (_COL_INDEX[col] if col is not None and _fits(col, value) else None, kv.key, value)
         return self._caches.put(self._kv, raw, hit)
 
     def status_of(self, raw: bytes) -> tuple[int, str | None]:
@@ -186,15 +188,18 @@ class SpanReader:
 
     def _attributes(self, raws: tuple[bytes, ...]) -> tuple[tuple[Any, ...], str | None]:
         """(typed column values in TYPED_COLUMNS order, JSON of the rest) of one span."""
-        typed = dict.fromkeys(TYPED_COLUMNS)
-        rest = {}
+        typed = list(_NO_TYPED)
+        rest = None
+        get = self._kv.get
         for raw in raws:
-            col, key, value = self._kv.get(raw) or self._key_value(raw)
-            if col is None:
+            idx, key, value = get(raw) or self._key_value(raw)
+            if idx is None:
+                if rest is None:
+                    rest = {}
                 rest[key] = value
             else:
-                typed[col] = value
-        return self._caches.put(self._attrs, raws, (tuple(typed.values()), dumps(rest) if rest else None))
+                typed[idx] = value
+        return self._caches.put(self._attrs, raws, (tuple(typed), dumps(rest) if rest else None))
 
     def columns(self) -> dict[str, list[Any]]:
         """Everything read so far, column by column (SPAN_COLUMNS)."""
