@@ -69,23 +69,22 @@ class TraceTables:
         return max(self.t1 - self.t0, 1)
 
 
-def _extent(con: Any, a: str) -> tuple[int, int, int]:
+def _extent(con: Any, a: str, where: str) -> tuple[int, int, int]:
     rows = con.sql(
         f"SELECT (SELECT t0 FROM span_extent({a})), (SELECT t1 FROM span_extent({a})), "
-        f"count(*) FROM spans_raw WHERE {_where(a)}"
+        f"count(*) FROM spans_raw WHERE {where}"
     ).fetchall()
     t0, t1, n = rows[0] if rows else (None, None, 0)
     return int(t0 or 0), int(t1 or 0), int(n or 0)
 
 
-def _where(a: str) -> str:
-    since = a.split("since_ns := ")[1].split(",")[0]
-    until = a.split("until_ns := ")[1]
+def _where(since_ns: int | None, until_ns: int | None) -> str:
+    """SQL condition: the span overlaps [since_ns, until_ns)."""
     conds = ["TRUE"]
-    if since != "NULL":
-        conds.append(f"end_ns > {since}")
-    if until != "NULL":
-        conds.append(f"start_ns < {until}")
+    if since_ns is not None:
+        conds.append(f"end_ns > {int(since_ns)}")
+    if until_ns is not None:
+        conds.append(f"start_ns < {int(until_ns)}")
     return " AND ".join(conds)
 
 
@@ -157,15 +156,15 @@ def _links(con: Any, a: str) -> pa.Table:
         ORDER BY link_id, link_src, link_dst""")
 
 
-def _steps(con: Any, a: str, step_name: str | None) -> pa.Table:
+def _steps(con: Any, where: str, step_name: str | None) -> pa.Table:
     # A step is a root span with children; the most common such root name is "the step".
     roots = _arrow(con, f"""
         WITH p AS (SELECT DISTINCT parent_span_id AS id FROM spans_raw
-                   WHERE parent_span_id IS NOT NULL AND {_where(a)})
+                   WHERE parent_span_id IS NOT NULL AND {where})
         SELECT lower(hex(trace_id)) AS trace_id, lower(hex(span_id)) AS span_id,
                CAST(name AS VARCHAR) AS name, start_ns, end_ns
         FROM spans_raw s SEMI JOIN p ON p.id = s.span_id
-        WHERE s.parent_span_id IS NULL AND {_where(a)}
+        WHERE s.parent_span_id IS NULL AND {where}
         ORDER BY start_ns""")
     if roots.num_rows == 0:
         return roots
@@ -204,7 +203,8 @@ def load_tables(
         step_name: the root span name that marks a step (default: the most common root).
     """
     a = _args(since_ns, until_ns)
-    t0, t1, n = _extent(con, a)
+    where = _where(since_ns, until_ns)
+    t0, t1, n = _extent(con, a, where)
     w = max((t1 - t0) // max(windows, 1) + 1, 1)
     step_chips, chip_ops = _chip_ops(con, a)
     util = _util(con, a, t0, w)
@@ -213,7 +213,7 @@ def load_tables(
     dropped = sum(int(m.get("spans_dropped") or 0) for m in manifests)
     return TraceTables(
         t0=t0, t1=t1, spans=n, chips=chips, chip_ops=chip_ops, util=util,
-        links=_links(con, a), steps=_steps(con, a, step_name), step_chips=step_chips,
+        links=_links(con, a), steps=_steps(con, where, step_name), step_chips=step_chips,
         topology=merge_topologies(manifests), manifests=manifests, spans_dropped=dropped,
         window_ns=w,
     )  # fmt: skip

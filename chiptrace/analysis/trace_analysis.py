@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from chiptrace.analysis import metrics as _metrics
 from chiptrace.analysis import rules_chips as rc
@@ -167,7 +168,7 @@ class TraceAnalysis:
         for s, p in zip(self.steps, self.critical_paths, strict=True):
             if s.trace_id == trace_id:
                 return p
-        rows = self.tables.steps.filter(pa.compute.equal(self.tables.steps["trace_id"], trace_id))
+        rows = self.tables.steps.filter(pc.equal(self.tables.steps["trace_id"], trace_id))
         steps = load_steps(self.con, rows, [0] if rows.num_rows else [])
         return critical_path(steps[0].spans, steps[0].root_id) if steps else None
 

@@ -73,3 +73,17 @@ def test_empty_and_single_span() -> None:
     assert critical_path([]).segments == ()
     p = critical_path([{"span_id": "r", "parent_span_id": None, "name": "solo", "start_ns": 0, "end_ns": 10}])
     assert _names(p) == ["solo"] and p.duration_ns == 10
+
+
+def test_critical_path_of_any_step(tmp_path: Path) -> None:
+    from analysis_helpers import training_run
+
+    ta = TraceAnalysis(training_run(tmp_path / "t", steps=6, overlap=False), sample_steps=1)
+    sampled = {p.trace_id for p in ta.critical_paths}
+    other = next(t for t in ta.tables.steps.column("trace_id").to_pylist() if t not in sampled)
+    path = ta.critical_path(other)
+    assert path is not None and path.trace_id == other
+    assert sum(s.on_path_ns for s in path.segments) == path.duration_ns
+    # no overlap: the all-reduce runs after backward, so both sit on the path
+    assert {"bwd", "allreduce"} <= {s.name for s in path.segments}
+    assert ta.critical_path("0" * 32) is None
