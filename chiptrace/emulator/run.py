@@ -212,6 +212,7 @@ def _drive(wl: Any, table: SpanTable, steps: int | None, duration_s: float | Non
     wall0 = time.monotonic()
     done, virtual = 0, 0.0
     while (steps is None or done < steps) and (duration_s is None or virtual < duration_s * 1e9):
+        table.begin_step()
         virtual = max(virtual, wl.step(done))
         done += 1
         if speed is not None:

@@ -82,7 +82,9 @@ class SpanTable:
         self._chip_dict = pa.array(self.chip_ids, _STR)
         self._link_dict = pa.array([lk.id for lk in topology.links], _STR)
         self.names: dict[str, int] = {}
-        self.traces: list[bytes] = []
+        self.traces: list[bytes] = []  # trace ids of handles _trace_base, _trace_base + 1, ...
+        self._trace_base = 0
+        self._keep_from = 0
         self._segments: list[tuple[np.ndarray, ...]] = []
         self._links: list[tuple[int, str]] = []  # (row offset in pending, JSON) for the few spans with links
         self._attrs: list[tuple[int, str]] = []  # the same for the few spans with generic attributes
@@ -99,7 +101,12 @@ class SpanTable:
     def new_trace(self) -> int:
         """A fresh 16-byte trace id from the seeded generator; returns its handle."""
         self.traces.append(self.rng.bytes(16))
-        return len(self.traces) - 1
+        return self._trace_base + len(self.traces) - 1
+
+    def begin_step(self) -> None:
+        """Mark a step boundary: traces opened before it are finished and may be forgotten
+        at the next flush, so a run of a million requests does not keep a million ids."""
+        self._keep_from = self._trace_base + len(self.traces)
 
     def ids(self, n: int) -> np.ndarray:
         """n fresh non-zero 64-bit span ids."""
@@ -155,7 +162,7 @@ class SpanTable:
 
     def _links_json(self, targets: Sequence[tuple[int, int]], relation: str = "input") -> str:
         return dumps([
-            {"trace_id": self.traces[t].hex(), "span_id": f"{int(s):016x}",
+            {"trace_id": self.traces[t - self._trace_base].hex(), "span_id": f"{int(s):016x}",
              "attributes": {"chiptrace.relation": relation}}
             for t, s in targets
         ])  # fmt: skip
@@ -175,11 +182,16 @@ class SpanTable:
         self._links.clear()
         self._attrs.clear()
         self.pending = 0
+        drop = self._keep_from - self._trace_base
+        if drop > 0:
+            del self.traces[:drop]
+            self._trace_base += drop
 
     def _batch(self, c: dict[str, np.ndarray]) -> pa.RecordBatch:
         n = len(c["span"])
         traces = np.frombuffer(b"".join(self.traces), dtype=np.uint8).reshape(-1, 16)
-        tid = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), n, [None, pa.py_buffer(traces[c["trace"]].tobytes())])
+        rows = traces[c["trace"] - self._trace_base]
+        tid = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), n, [None, pa.py_buffer(rows.tobytes())])
         chip, d = c["chip"], c["dir"]
         has_dir = d >= 0
         safe = np.where(has_dir, d, 0)
