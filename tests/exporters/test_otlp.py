@@ -247,3 +247,14 @@ def test_failure_midway_says_how_many_spans_got_there(
         assert len(rec.spans()) == 6
     finally:
         rec.stop()
+
+
+def test_env_protocol_grpc_with_an_http_url(code_trace: Path, receiver: Receiver,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's style: OTEL_EXPORTER_OTLP_PROTOCOL=grpc and an http:// endpoint."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver.grpc_port}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+    assert main(["export", str(code_trace), "--otlp"]) == 0
+    assert receiver.stats()["encodings"] == ["grpc"]
+    assert_received_as_stored(receiver, code_trace)
