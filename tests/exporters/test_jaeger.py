@@ -11,7 +11,10 @@ from chiptrace.exporters.jaeger import JaegerFormatError, read_jaeger_json
 from chiptrace.cli import main
 from tests.exporters.conftest import stored_rows
 
-FIXTURES = Path("/work/shared/fixtures/jaeger")
+# shared/ sits beside the checkout (here and in CI's fresh clone).
+_CANDIDATES = [Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "jaeger",
+               Path("/work/shared/fixtures/jaeger")]  # fmt: skip
+FIXTURES = next((p for p in _CANDIDATES if p.is_dir()), _CANDIDATES[0])
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="Jaeger fixtures not present")
 
 
