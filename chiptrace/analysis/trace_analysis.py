@@ -209,7 +209,9 @@ class TraceAnalysis:
         links = [{"link_id": r["link_id"], "link_type": r["link_type"], "src": r["link_src"],
                   "dst": r["link_dst"], "transfers": r["transfers"], "bytes": r["bytes"],
                   "busy_share": round(r["busy_ns"] / t.wall_ns, 4),
-                  "GBps_while_busy": round(r["bytes"] / r["busy_ns"], 3) if r["busy_ns"] else None}
+                  "GBps_while_busy": round(r["bytes"] / r["busy_ns"], 3) if r["busy_ns"] else None,
+                  "bandwidth_GBps": _gb(t.topology.bandwidth(r["link_id"])),
+                  "bandwidth_fraction_while_busy": _frac(r, t.topology.bandwidth(r["link_id"]))}
                  for r in t.links.to_pylist()]  # fmt: skip
         return Report(self.metrics(), self.findings(), self.critical_path(),
                       utilization_series(t), chips, links, self.sources)  # fmt: skip
@@ -222,6 +224,16 @@ class TraceAnalysis:
     def _macro(self, call: str) -> pa.Table:
         rel = self.con.sql(f"SELECT * FROM {call} ORDER BY ALL")
         return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+
+def _gb(bps: float | None) -> float | None:
+    return None if bps is None else round(bps / 1e9, 3)
+
+
+def _frac(r: dict[str, Any], bps: float | None) -> float | None:
+    if not bps or not r["busy_ns"] or not r["bytes"]:
+        return None
+    return round(r["bytes"] / r["busy_ns"] * 1e9 / bps, 4)
 
 
 def utilization_series(t: TraceTables) -> dict[str, Any]:

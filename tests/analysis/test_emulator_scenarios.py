@@ -64,3 +64,17 @@ def test_nvlink_beats_pcie_on_comm_share(tmp_path: Path) -> None:
     pcie = TraceAnalysis(out).metrics()
     assert pcie["step_ms_p50"] > nv["step_ms_p50"]
     assert pcie["critical_path_comm_share"] > nv["critical_path_comm_share"]
+
+
+def test_diff_nvlink_vs_pcie(tmp_path: Path, capsys) -> None:
+    import json
+
+    from chiptrace.cli import main
+
+    for name, topo in (("nv", "rack6"), ("pcie", "pcie8")):
+        emulator.emulate(topology=topo, seed=1, steps=2, out=tmp_path / name, progress=False)
+    assert main(["diff", str(tmp_path / "nv"), str(tmp_path / "pcie"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    rows = {r["metric"]: r for r in d["metrics"]}
+    assert rows["step_ms_p50"]["ratio"] > 1
+    assert any(f["status"] == "new" and f["rule"] == "link-bound" for f in d["findings"])
