@@ -119,6 +119,15 @@ def _rows_table(rows: list[dict[str, Any]], empty: str) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _median_section(med: dict[str, Any] | None, cp: dict[str, Any] | None) -> list[str]:
+    if not med or (cp and med["trace_id"] == cp["trace_id"]):
+        return []
+    shares = {"chip type": med["by_chip_type"], "link type": med["by_link_type"],
+              "op kind": med["by_op_kind"]}  # fmt: skip
+    return ["<h2>Critical path of the median step</h2>",
+            f"<p>{_e(med['root'])}: {med['duration_ms']:.3f} ms</p>", breakdown_svg(shares)]  # fmt: skip
+
+
 def render_html(d: dict[str, Any]) -> str:
     """The whole report as one HTML page."""
     cp = d.get("critical_path")
@@ -135,6 +144,7 @@ def render_html(d: dict[str, Any]) -> str:
         "<h2>Critical path of the slowest step</h2>",
         f"<p>{_e(cp['root'])}: {cp['duration_ms']:.3f} ms, trace {_e(cp['trace_id'])}</p>" if cp else "",
         breakdown_svg(shares),
+        *_median_section(d.get("critical_path_median"), cp),
         "<h2>Chips</h2>", _rows_table(d.get("chips", []), "No chip-tagged spans."),
         "<h2>Links</h2>", _rows_table(d.get("links", []), "No link transfers."),
     ]  # fmt: skip

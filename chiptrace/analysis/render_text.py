@@ -54,6 +54,10 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
                            ("op kind", "by_op_kind"), ("span", "by_name")):  # fmt: skip
             parts = "   ".join(f"{k} {_pct(v)}" for k, v in cp[key].items())
             out.append(f"  by {label:<10} {parts}")
+    med = d.get("critical_path_median")
+    if med and cp and med["trace_id"] != cp["trace_id"]:
+        parts = "   ".join(f"{k} {_pct(v)}" for k, v in med["by_chip_type"].items())
+        out.append(f"  median step ({med['duration_ms']:.3f} ms) by chip type  {parts}")
     if d.get("chips"):
         out += ["", "Chips"]
         for c in d["chips"]:

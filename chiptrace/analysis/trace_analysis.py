@@ -65,16 +65,18 @@ class Report:
     chips: list[dict[str, Any]] = field(default_factory=list)
     links: list[dict[str, Any]] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    median_path: CriticalPath | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Stable keys: version, sources, metrics, findings, critical_path, utilization,
-        chips, links (docs/sql.md, "Report JSON")."""
+        """Stable keys: version, sources, metrics, findings, critical_path (slowest step),
+        critical_path_median (median step), utilization, chips, links (docs/sql.md)."""
         return {
             "version": REPORT_VERSION,
             "sources": self.sources,
             "metrics": self.metrics,
             "findings": [f.to_dict() for f in self.findings],
             "critical_path": path_dict(self.critical_path),
+            "critical_path_median": path_dict(self.median_path, max_segments=0),
             "utilization": self.utilization,
             "chips": self.chips,
             "links": self.links,
@@ -213,8 +215,10 @@ class TraceAnalysis:
                   "bandwidth_GBps": _gb(t.topology.bandwidth(r["link_id"])),
                   "bandwidth_fraction_while_busy": _frac(r, t.topology.bandwidth(r["link_id"]))}
                  for r in t.links.to_pylist()]  # fmt: skip
+        paths = self.critical_paths  # slowest step first, then the median one
+        median = paths[1] if len(paths) > 1 else (paths[0] if paths else None)
         return Report(self.metrics(), self.findings(), self.critical_path(),
-                      utilization_series(t), chips, links, self.sources)  # fmt: skip
+                      utilization_series(t), chips, links, self.sources, median)  # fmt: skip
 
     def _range(self) -> str:
         s = "NULL" if self.since_ns is None else int(self.since_ns)
