@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 from chiptrace.emulator import collectives
 from chiptrace.emulator.context import Context
 from chiptrace.emulator.errors import WorkloadError
-from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
-from chiptrace.emulator.scheduler import assign
+from chiptrace.emulator.model import BYTES, resolve_precision
+from chiptrace.emulator.train_step import run_step
 
 _ADAM_BYTES = 12.0  # fp32 master weights + two moments per parameter
 _ACT_FACTOR = 16.0  # activations kept per token, per layer, in units of hidden * bytes
@@ -138,32 +136,7 @@ class Training:
 
     def step(self, s: int) -> float:
         """Emit step `s`; returns its end (virtual ns)."""
-        from chiptrace.emulator.train_step import run_step
-
         start = self.t
         end = run_step(self, s, start)
         self.prev_start, self.t = start, end
         return end
-
-
-def input_plan(tr: Training, release: float) -> tuple[dict[str, str], dict[str, float]]:
-    """Which DPU preprocesses each rank's input, and how long it takes there. `static`: the
-    GPU's nearest DPU; `dynamic`: the DPU that would finish it first (earliest finish time)."""
-    ctx, cfg = tr.ctx, tr.cfg
-    nbytes = cfg.input_mb * 1e6
-    durations = {
-        d: float(roofline_ns(ctx.topology.chips[d], nbytes * cfg.preprocess_flops_per_byte, 2 * nbytes,
-                             resolve_precision(ctx.topology.chips[d], "fp32"), ctx.slow.get(d, 1.0)))
-        for d in tr.dpus
-    }  # fmt: skip
-    free = {d: max(tr.dpu_free[d], release) + ctx.delay.get(d, 0.0) for d in tr.dpus}
-    if ctx.schedule == "static":
-        return dict(tr.home_dpu), durations
-    placement = assign(tr.gpus, tr.dpus, durations, free, "dynamic")
-    return placement, durations
-
-
-def cumulative(start: np.ndarray, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Back-to-back ops per row: (starts, ends) with each row beginning at start[row]."""
-    ends = start[:, None] + np.cumsum(durations, axis=1)
-    return ends - durations, ends

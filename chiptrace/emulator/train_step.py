@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chiptrace.emulator import collectives
-from chiptrace.emulator.model import BYTES, roofline_ns
+from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
 from chiptrace.emulator.network import Route
+from chiptrace.emulator.scheduler import assign
 from chiptrace.emulator.spans import SpanTable
-from chiptrace.emulator.train import cumulative, input_plan
 
 if TYPE_CHECKING:
     from chiptrace.emulator.train import Training
@@ -161,3 +161,26 @@ def _cpu_optimizer(tr: Training, t: float, trace: int, parent: int, bounds: dict
     transfers(tb, up, ends, u_end, trace, parent, "h2d.params", pbytes)
     bounds["optimizer"] = (t, float(u_end.max()))
     return float(u_end.max())
+
+
+def input_plan(tr: Training, release: float) -> tuple[dict[str, str], dict[str, float]]:
+    """Which DPU preprocesses each rank's input, and how long it takes there. `static`: the
+    GPU's nearest DPU; `dynamic`: the DPU that would finish it first (earliest finish time)."""
+    ctx, cfg = tr.ctx, tr.cfg
+    nbytes = cfg.input_mb * 1e6
+    durations = {
+        d: float(roofline_ns(ctx.topology.chips[d], nbytes * cfg.preprocess_flops_per_byte, 2 * nbytes,
+                             resolve_precision(ctx.topology.chips[d], "fp32"), ctx.slow.get(d, 1.0)))
+        for d in tr.dpus
+    }  # fmt: skip
+    free = {d: max(tr.dpu_free[d], release) + ctx.delay.get(d, 0.0) for d in tr.dpus}
+    if ctx.schedule == "static":
+        return dict(tr.home_dpu), durations
+    placement = assign(tr.gpus, tr.dpus, durations, free, "dynamic")
+    return placement, durations
+
+
+def cumulative(start: np.ndarray, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Back-to-back ops per row: (starts, ends) with each row beginning at start[row]."""
+    ends = start[:, None] + np.cumsum(durations, axis=1)
+    return ends - durations, ends
