@@ -89,6 +89,8 @@ class ViewerApp(App[None]):
         self.alerts: list[Alert] = []
         self.deep_alerts: list[Alert] = []  # from chiptrace.analysis, refreshed by a worker
         self.analysis_s = analysis_s
+        self._analysis_running = False
+        self._analysis_next = 0.0
         store_dir = next((s.store_dir for s in self.sources if getattr(s, "store_dir", None)), None)
         self.store = LiveStore(store_dir) if store_dir else None
         self.source_name = " + ".join(getattr(s, "name", "feed") for s in self.sources) or "feed"
@@ -175,15 +177,23 @@ class ViewerApp(App[None]):
         snap = self.snapshot
         if self.paused or snap is None or snap.empty or self.store is None:
             return
+        if self._analysis_running or time.monotonic() < self._analysis_next:
+            return
+        self._analysis_running = True
         self._analyze(snap.since_ns, snap.until_ns)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="analysis")
     def _analyze(self, since_ns: int, until_ns: int) -> None:
         """DuckDB over the window: tens of ms to seconds, so never on the UI thread."""
+        t = time.monotonic()
         try:
             found = from_findings(self.store.findings(since_ns, until_ns))
         except (ChiptraceError, ImportError):
             found = []
+        finally:
+            # Keep the rules under ~20% of a core on a big store: wait 4x their cost.
+            self._analysis_next = time.monotonic() + 4 * (time.monotonic() - t)
+            self._analysis_running = False
         self.call_from_thread(setattr, self, "deep_alerts", found)
 
     def watch_paused(self, paused: bool) -> None:

@@ -30,6 +30,7 @@ from chiptrace.schema import CHIP_TYPES
 DEFAULT_BUCKET_NS = 10_000_000  # 10 ms: fine enough for a live rack, 8192 of them = 82 s
 DEFAULT_BUCKETS = 8192
 HISTORY_CELLS = 24
+HISTORY_LINKS = 32  # links given a history (the busiest); the rest: the window only
 SLOW_KEEP = 16  # slowest spans kept per batch; the window's slowest are among them
 
 
@@ -141,6 +142,7 @@ class LiveModel:
         self.dropped = 0
         self._slow: dict[int, list[SlowSpan]] = {}  # end bucket -> its slowest spans
         self._ingest_log: collections.deque[tuple[float, int]] = collections.deque()
+        self._orders: dict[int, list[tuple[str, int]]] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ topology
@@ -329,29 +331,50 @@ class LiveModel:
         span_ns = np.full(cells, float(wb * b))
         span_ns[-1] = until - since  # the newest window is only partly elapsed
 
-        def series(acc: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-            per = acc[:n][:, slots] * valid
-            per = np.minimum(per, b) if acc is not self.links.bytes else per
-            hist = per.reshape(n, cells, wb).sum(axis=2) / span_ns
-            hist[:, ~valid.reshape(cells, wb).any(axis=1)] = np.nan
-            return hist[:, -1] if n else np.zeros(0), hist
+        cells_valid = valid.reshape(cells, wb).any(axis=1)
+
+        cur = slots[-wb:][valid[-wb:]]  # the window's buckets
+
+        def current(acc: np.ndarray, n: int, cap: bool) -> np.ndarray:
+            per = acc[:n][:, cur]
+            return (np.minimum(per, b) if cap else per).sum(axis=1) / span_ns[-1]
+
+        def history(acc: np.ndarray, rows: np.ndarray) -> np.ndarray:
+            per = np.minimum(acc[rows][:, slots], b) * valid
+            hist = per.reshape(len(rows), cells, wb).sum(axis=2) / span_ns
+            hist[:, ~cells_valid] = np.nan
+            return np.clip(hist, 0, 1)
 
         nc, nl = len(self.chips.meta), len(self.links.meta)
-        cu, ch = series(self.chips.busy, nc)
-        lu, lh = series(self.links.busy, nl)
-        lb, _ = series(self.links.bytes, nl)
+        cu = current(self.chips.busy, nc, True)
+        ch = history(self.chips.busy, np.arange(nc))
+        lu = current(self.links.busy, nl, True)
+        lb = current(self.links.bytes, nl, False)
+        # History only for the links a panel can show: a rack has thousands of link directions.
+        bw = np.array([m.get("bandwidth") or np.nan for m in self.links.meta])
+        load = np.where(np.isfinite(bw), lb * 1e9 / np.where(np.isfinite(bw), bw, 1), lu)
+        top = np.argsort(-load, kind="stable")[:HISTORY_LINKS]
+        lh = dict(zip(top.tolist(), history(self.links.busy, top), strict=True))
+        blank = np.full(cells, np.nan)
+        cu, lu, lb = np.clip(cu, 0, 1).tolist(), np.clip(lu, 0, 1).tolist(), (lb * 1e9).tolist()
         chips: dict[str, list[SeriesRow]] = {t: [] for t in CHIP_TYPES}
-        for cid, r in sorted(self.chips.keys.items(), key=lambda kv: _natural(kv[0])):
-            chips[self.chips.meta[r]["type"]].append(
-                SeriesRow(cid, self.chips.meta[r]["type"], float(np.clip(cu[r], 0, 1)), np.clip(ch[r], 0, 1)))
+        for cid, r in self._order(self.chips):
+            ctype = self.chips.meta[r]["type"]
+            chips[ctype].append(SeriesRow(cid, ctype, cu[r], ch[r]))
         links = []
-        for lid, r in sorted(self.links.keys.items(), key=lambda kv: _natural(kv[0])):
+        for lid, r in self._order(self.links):
             m = self.links.meta[r]
-            links.append(SeriesRow(lid, str(m.get("type")), float(np.clip(lu[r], 0, 1)), np.clip(lh[r], 0, 1),
-                                   bytes_per_s=float(lb[r]) * 1e9, bandwidth=m.get("bandwidth"),
-                                   src=m.get("src"), dst=m.get("dst")))  # fmt: skip
+            links.append(SeriesRow(lid, str(m.get("type")), lu[r], lh.get(r, blank), bytes_per_s=lb[r],
+                                   bandwidth=m.get("bandwidth"), src=m.get("src"), dst=m.get("dst")))  # fmt: skip
         return Snapshot(since, until, wb * b, chips, links, self._slowest(since), self.spans_total,
                         self._rate(), self.dropped, self.head_ns if self.head >= 0 else 0)  # fmt: skip
+
+    def _order(self, ring: _Ring) -> list[tuple[str, int]]:
+        """(key, row) in natural order (gpu:2 before gpu:10), re-sorted only when keys change."""
+        cached = self._orders.get(id(ring))
+        if cached is None or len(cached) != len(ring.keys):
+            cached = self._orders[id(ring)] = sorted(ring.keys.items(), key=lambda kv: _natural(kv[0]))
+        return cached
 
     def _slowest(self, since: int, n: int = 10) -> list[SlowSpan]:
         """The slowest spans that ended in the window: O(window buckets)."""

@@ -29,13 +29,21 @@ class Dashboard(Vertical):
                 yield LinkPanel("", id="links")
                 yield SlowOpsPanel("", id="slowest")
 
+    def on_mount(self) -> None:
+        # Found once: a CSS query per panel per refresh costs more than drawing it.
+        self._panels = list(self.query(ChipTypePanel))
+        self._status = self.query_one(StatusBar)
+        self._links = self.query_one(LinkPanel)
+        self._alerts = self.query_one(AlertPanel)
+        self._slowest = self.query_one(SlowOpsPanel)
+
     def show(self, snap: Snapshot, alerts: list[Alert], source: str, paused: bool) -> None:
         """Redraw every panel from one snapshot (a no-op until the panels are mounted)."""
-        if not self.query(StatusBar):
+        if not hasattr(self, "_status"):
             return
-        self.query_one(StatusBar).show(snap, source, paused)
-        for panel in self.query(ChipTypePanel):
+        self._status.show(snap, source, paused)
+        for panel in self._panels:
             panel.show(snap.chips.get(panel.chip_type, []))
-        self.query_one(LinkPanel).show(snap.links)
-        self.query_one(AlertPanel).show(alerts)
-        self.query_one(SlowOpsPanel).show(snap.slowest)
+        self._links.show(snap.links)
+        self._alerts.show(alerts)
+        self._slowest.show(snap.slowest)
