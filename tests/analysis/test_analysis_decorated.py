@@ -14,7 +14,7 @@ def _pool_run(steps: int = 4, slow: int = 2) -> None:
     @chiptrace.trace(op="compute")
     def work(worker: int) -> None:
         with chiptrace.span("chunk", chip=f"cpu:{worker}"):
-            time.sleep(0.012 if worker == slow else 0.002)
+            time.sleep(0.03 if worker == slow else 0.002)
 
     @chiptrace.trace(name="step")
     def step(pool: cf.ThreadPoolExecutor) -> None:
@@ -31,9 +31,12 @@ def test_slow_worker_is_the_straggler(trace_dir: Path) -> None:
     chiptrace.flush()
     ta = TraceAnalysis(trace_dir)
     findings = ta.findings()
-    assert (findings[0].rule, findings[0].culprit) == ("straggler", "cpu:2"), findings
-    assert findings[0].severity == "high"
+    top = findings[0]
+    assert (top.rule, top.culprit) == ("straggler", "cpu:2"), [(f.rule, f.culprit) for f in findings]
+    assert top.severity == "high"
     m = ta.metrics()
     assert m["steps"] == 4 and m["mfu"] is None and m["utilization"]["cpu"] > 0
-    path = ta.critical_path()
-    assert [s.chip_id for s in path.segments if s.via != "gap"] == ["cpu:2"]
+    # the slow worker's chunk sets the step's time (gaps are thread hand-offs)
+    assert ta.critical_path().share("name").get("chunk", 0) > 0.5
+    on_path = [s.chip_id for s in ta.critical_path().segments if s.chip_id]
+    assert on_path[-1] == "cpu:2"
