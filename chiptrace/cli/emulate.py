@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--realtime", action="store_true", help="pace the run to wall time")
     p.add_argument("--speed", type=float, default=1.0, help="with --realtime: virtual s per wall s")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--scenario", help="start from a named scenario (see --list); flags given add to it")
+    p.add_argument("--list", action="store_true", help="list the preset topologies and named scenarios, then exit")
 
 
 def parse_options(items: list[str]) -> dict[str, str]:
@@ -44,17 +46,62 @@ def parse_options(items: list[str]) -> dict[str, str]:
     return out
 
 
+def list_presets() -> str:
+    """Presets with their chip counts, and the named scenarios, as text."""
+    from collections import Counter
+
+    from chiptrace.emulator import PRESETS, SCENARIOS, load_topology
+
+    lines = ["topologies (--topology NAME, or a TOML path):"]
+    for name in PRESETS:
+        topo = load_topology(name)
+        counts = Counter(c.type for c in topo.chips.values())
+        chips = ", ".join(f"{n} {t}" for t, n in counts.items())
+        lines.append(f"  {name:<8} {chips}; {len(topo.links)} links. {topo.description}")
+    lines.append("scenarios (chiptrace.emulator.SCENARIOS; emulate(**SCENARIOS[name])):")
+    for name, kwargs in SCENARIOS.items():
+        lines.append(f"  {name:<24} {kwargs or '(defaults)'}")
+    return "\n".join(lines)
+
+
+_DEFAULTS = {"topology": "rack6", "workload": "train", "precision": "bf16", "schedule": "static"}
+
+
+def with_scenario(name: str, kwargs: dict) -> dict:
+    """Merge a named scenario under the flags: its faults and knobs are added to the given
+    ones, its topology/workload/precision/schedule apply where the flag kept its default."""
+    from chiptrace.emulator import SCENARIOS
+
+    if name not in SCENARIOS:
+        raise ConfigError(f"--scenario {name!r}: unknown; expected one of {', '.join(SCENARIOS)}")
+    sc = SCENARIOS[name]
+    out = dict(kwargs)
+    out["faults"] = [*sc.get("faults", []), *kwargs["faults"]]
+    out["options"] = {**sc.get("options", {}), **kwargs["options"]}
+    for key, default in _DEFAULTS.items():
+        if key in sc and kwargs[key] == default:
+            out[key] = sc[key]
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from chiptrace.emulator import emulate
 
-    result = emulate(
-        topology=args.topology, workload=args.workload, steps=args.steps, seed=args.seed,
-        out=args.out, faults=args.fault, precision=args.precision, schedule=args.schedule,
-        realtime=args.realtime, speed=args.speed, options=parse_options(args.options),
-        progress=False if args.no_progress else None,
-    )  # fmt: skip
+    if args.list:
+        print(list_presets())
+        return 0
+
+    kwargs = {
+        "topology": args.topology, "workload": args.workload, "steps": args.steps, "seed": args.seed,
+        "out": args.out, "faults": args.fault, "precision": args.precision, "schedule": args.schedule,
+        "realtime": args.realtime, "speed": args.speed, "options": parse_options(args.options),
+        "progress": False if args.no_progress else None,
+    }  # fmt: skip
+    if args.scenario:
+        kwargs = with_scenario(args.scenario, kwargs)
+    result = emulate(**kwargs)
     print(
-        f"chiptrace emulate: {result.steps} {args.workload} steps on {args.topology}, "
+        f"chiptrace emulate: {result.steps} {kwargs['workload']} steps on {kwargs['topology']}, "
         f"{result.spans:,} spans, {result.virtual_ns / 1e6:.1f} ms emulated in {result.wall_s:.2f} s "
         f"-> {result.out}"
     )

@@ -189,3 +189,18 @@ def test_roots_carry_generic_attributes(tmp_path):
     r = emulate(workload="infer", steps=2, seed=1, out=tmp_path / "i", progress=False)
     (a,) = connect(r.out).sql("SELECT any_value(attributes) FROM spans WHERE name = 'request'").fetchall()[0]
     assert json.loads(a)["request.prompt_tokens"] > 0
+
+
+def test_cli_list_and_scenario(tmp_path, capsys):
+    from chiptrace.cli import main as cli
+
+    assert cli(["emulate", "--list"]) == 0
+    text = capsys.readouterr().out
+    assert "rack6" in text and "nvl72" in text and "thin_dpu" in text
+    rc = cli(["emulate", "--scenario", "pcie_baseline", "--fault", "slow:gpu:1:2", "--steps", "1",
+              "--out", str(tmp_path / "s"), "--no-progress"])  # fmt: skip
+    assert rc == 0 and "on pcie8" in capsys.readouterr().out
+    (m,) = read_manifests([tmp_path / "s"])
+    assert m["topology"]["name"] == "pcie8" and m["faults"][0]["target"] == "gpu:1"
+    assert cli(["emulate", "--scenario", "nope", "--out", str(tmp_path / "n")]) == 2
+    assert "unknown; expected one of baseline" in capsys.readouterr().err
