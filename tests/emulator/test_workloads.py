@@ -145,7 +145,7 @@ def test_no_overlap_serializes_allreduce_after_backward(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_every_named_scenario_runs_and_records_itself(tmp_path, name):
-    r = emulate(**SCENARIOS[name], steps=2, seed=1, out=tmp_path / name, progress=False)
+    r = emulate(**SCENARIOS[name], steps=1, seed=1, out=tmp_path / name, progress=False)
     (m,) = read_manifests([r.out])
     assert m["spans_written"] == r.spans > 0
     assert [f["spec"] for f in m["faults"]] == SCENARIOS[name].get("faults", [])
