@@ -140,3 +140,20 @@ async def test_analysis_rules_run_over_the_window(rack_dir: Path) -> None:
         await pilot.pause()
         assert ("link-bound", SATURATED) in {(a.rule, a.culprit) for a in app.alerts}
         assert ("idle-gpu", "gpu:3") in {(a.rule, a.culprit) for a in app.alerts}
+
+
+async def test_dark_and_light_themes_render_the_same_dashboard(rack_dir: Path) -> None:
+    app = ViewerApp([DirSource(rack_dir)], window_ns=WINDOW_NS, analysis_s=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _settle(app, pilot, 100)
+        dark_text, dark_svg = screen_text(app), app.export_screenshot()
+        await pilot.press("t")
+        await pilot.pause()
+        assert not app.current_theme.dark
+        app.refresh_dashboard()
+        await pilot.pause()
+        light_text, light_svg = screen_text(app), app.export_screenshot()
+    assert dark_svg != light_svg  # colours follow the theme ...
+    strip = [line for line in dark_text.splitlines() if "spans/s" not in line]
+    assert strip == [line for line in light_text.splitlines() if "spans/s" not in line]  # ... text does not
+    assert "GPU" in light_svg and "ALERTS" in light_svg
