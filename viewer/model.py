@@ -19,11 +19,11 @@ import collections
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from chiptrace.viewer.snapshot import SeriesRow, SlowSpan, Snapshot
 
 from chiptrace.schema import CHIP_TYPES
 
@@ -32,56 +32,6 @@ DEFAULT_BUCKETS = 8192
 HISTORY_CELLS = 24
 HISTORY_LINKS = 32  # links given a history (the busiest); the rest: the window only
 SLOW_KEEP = 16  # slowest spans kept per batch; the window's slowest are among them
-
-
-@dataclass(frozen=True, slots=True)
-class SeriesRow:
-    """One chip or link in a snapshot: utilization over the window and its history."""
-
-    id: str
-    type: str
-    utilization: float
-    history: np.ndarray  # fractions per history cell, oldest first; NaN before the data
-    bytes_per_s: float = 0.0
-    bandwidth: float | None = None
-    src: str | None = None
-    dst: str | None = None
-
-    @property
-    def saturation(self) -> float | None:
-        """Throughput over bandwidth, when the topology gave a bandwidth."""
-        return self.bytes_per_s / self.bandwidth if self.bandwidth else None
-
-
-@dataclass(frozen=True, slots=True)
-class SlowSpan:
-    """One of the slowest spans that ended inside the window."""
-
-    name: str
-    where: str
-    duration_ns: int
-    end_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """What the dashboard draws, computed from the window's buckets only."""
-
-    since_ns: int
-    until_ns: int
-    window_ns: int
-    chips: dict[str, list[SeriesRow]]
-    links: list[SeriesRow]
-    slowest: list[SlowSpan]
-    spans_total: int
-    spans_per_s: float
-    dropped: int
-    head_ns: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def empty(self) -> bool:
-        return self.head_ns == 0
 
 
 class _Ring:
@@ -439,3 +389,6 @@ def _natural(key: str) -> tuple:
     import re
 
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key))
+
+
+__all__ = ["LiveModel", "SeriesRow", "SlowSpan", "Snapshot", "DEFAULT_BUCKET_NS", "HISTORY_CELLS"]
