@@ -85,12 +85,13 @@ def straggler(x: RuleInput) -> list[Finding]:
         if best is None:
             continue
         excess, chip, stat, val, med, z = best
+        steps_used = len(per[(ctype, chip)]["busy per step"])
         share = min(excess / x.step_ns, 1.0)
         out.append(Finding(
             "straggler", severity_for(share), chip,
             {"statistic": stat, "chip_ms": _ms(val), "peer_median_ms": _ms(med),
              "excess_ms": _ms(excess), "robust_z": round(z, 2), "chip_type": ctype,
-             "chips_compared": len(chips), "steps": t.steps.num_rows},
+             "chips_compared": len(chips), "steps_compared": steps_used},
             f"{chip} {'works longer' if stat == 'busy per step' else 'runs late'} than the other "
             f"{ctype}s every step: check its clocks/thermals, its data feed, or rebalance its share",
             share,

@@ -18,6 +18,7 @@ import pyarrow as pa
 from chiptrace.analysis.topology import Topology, merge_topologies
 
 COMPUTE_TYPES = ("gpu", "npu")
+STRAGGLER_STEPS = 128  # steps the per-step, per-chip figures are taken from
 HOST_TYPES = ("cpu", "dpu")
 
 
@@ -44,7 +45,8 @@ class TraceTables:
         links: per link direction: link_id, link_type, link_src, link_dst, transfers,
             bytes, xfer_ns (summed), busy_ns (merged), median_bytes, median_ns.
         steps: step roots: trace_id (hex), span_id (hex), name, start_ns, end_ns.
-        step_chips: per step and chip: trace_id, chip_id, chip_type, first_ns, last_ns, op_ns.
+        step_chips: per step and chip (up to STRAGGLER_STEPS steps spread over the run):
+            trace_id, chip_id, chip_type, first_ns, last_ns, op_ns.
         topology: peaks and bandwidths from the manifests (empty when none recorded).
         manifests: the writer manifests; spans_dropped: their summed drop counts.
         window_ns: width of the util windows.
@@ -116,24 +118,47 @@ def _util(con: Any, a: str, t0: int, w: int) -> pa.Table:
         con.execute(f"DROP TYPE IF EXISTS {enum}")
 
 
-def _chip_ops(con: Any, a: str) -> tuple[pa.Table, pa.Table]:
-    # One scan, two groupings: per (step, chip) for stragglers, per (chip, kind, precision, name).
-    t = _arrow(con, f"""
+def _chip_ops(con: Any, a: str) -> pa.Table:
+    """Per (chip, op kind, precision, name): ops, op time, FLOPs, bytes (one scan)."""
+    return _arrow(con, f"""
+        SELECT chip_id, any_value(chip_type) AS chip_type, op_kind, op_precision, name,
+               count(*) AS ops, CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns,
+               CAST(sum(op_flops) AS DOUBLE) AS flops, CAST(sum(op_bytes) AS DOUBLE) AS bytes
+        FROM chip_ops({a}) GROUP BY chip_id, op_kind, op_precision, name""")
+
+
+def _step_chips(con: Any, steps: pa.Table, since_ns: int | None, until_ns: int | None,
+                max_steps: int = STRAGGLER_STEPS) -> pa.Table:  # fmt: skip
+    """Per (step, chip) for the straggler rule, over at most `max_steps` steps spread over
+    the run. Filtering on trace ids is cheap in Parquet (about 0.1 CPU-s on 10M spans, where
+    grouping every op by step costs 2), and a median needs no more steps than that."""
+    n = steps.num_rows
+    if n == 0:
+        return _empty_step_chips()
+    stride = max(n // max_steps, 1)
+    ids = steps.column("trace_id").to_pylist()[::stride][:max_steps]
+    in_list = ", ".join(f"unhex('{i}')" for i in ids)
+    lo = f"greatest(start_ns, {int(since_ns)})" if since_ns is not None else "start_ns"
+    hi = f"least(end_ns, {int(until_ns)})" if until_ns is not None else "end_ns"
+    return _arrow(con, f"""
+        WITH s AS (SELECT trace_id, span_id, parent_span_id, chip_id, chip_type, op_kind,
+                          {lo} AS start_ns, {hi} AS end_ns
+                   FROM spans_raw WHERE trace_id IN ({in_list}) AND {_where(since_ns, until_ns)}),
+        p AS (SELECT DISTINCT parent_span_id AS id FROM s WHERE chip_id IS NOT NULL)
         SELECT lower(hex(trace_id)) AS trace_id, chip_id, any_value(chip_type) AS chip_type,
-               op_kind, op_precision, name, count(*) AS ops,
-               CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns, min(start_ns) AS first_ns,
-               max(end_ns) AS last_ns, CAST(sum(op_flops) AS DOUBLE) AS flops,
-               CAST(sum(op_bytes) AS DOUBLE) AS bytes, GROUPING(trace_id) AS g
-        FROM chip_ops({a})
-        GROUP BY GROUPING SETS ((trace_id, chip_id), (chip_id, op_kind, op_precision, name))""")
-    g = t.column("g").to_pylist()
-    per_step = t.filter(pa.array([x == 0 for x in g], pa.bool_()))
-    per_op = t.filter(pa.array([x != 0 for x in g], pa.bool_()))
-    step_chips = per_step.select(["trace_id", "chip_id", "chip_type", "first_ns", "last_ns", "op_ns"])
-    chip_ops = per_op.select(
-        ["chip_id", "chip_type", "op_kind", "op_precision", "name", "ops", "op_ns", "flops", "bytes"]
-    )
-    return step_chips, chip_ops
+               min(start_ns) AS first_ns, max(end_ns) AS last_ns,
+               CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns
+        FROM s ANTI JOIN p ON p.id = s.span_id
+        WHERE chip_id IS NOT NULL AND op_kind IS DISTINCT FROM 'idle' AND end_ns > start_ns
+        GROUP BY trace_id, chip_id""")
+
+
+def _empty_step_chips() -> pa.Table:
+    return pa.table({
+        "trace_id": pa.array([], pa.string()), "chip_id": pa.array([], pa.string()),
+        "chip_type": pa.array([], pa.string()), "first_ns": pa.array([], pa.int64()),
+        "last_ns": pa.array([], pa.int64()), "op_ns": pa.array([], pa.int64()),
+    })  # fmt: skip
 
 
 def _links(con: Any, a: str) -> pa.Table:
@@ -206,14 +231,16 @@ def load_tables(
     where = _where(since_ns, until_ns)
     t0, t1, n = _extent(con, a, where)
     w = max((t1 - t0) // max(windows, 1) + 1, 1)
-    step_chips, chip_ops = _chip_ops(con, a)
+    chip_ops = _chip_ops(con, a)
+    steps = _steps(con, where, step_name)
     util = _util(con, a, t0, w)
     chips = _chips(chip_ops, util)
     manifests = _manifests(con)
     dropped = sum(int(m.get("spans_dropped") or 0) for m in manifests)
     return TraceTables(
         t0=t0, t1=t1, spans=n, chips=chips, chip_ops=chip_ops, util=util,
-        links=_links(con, a), steps=_steps(con, where, step_name), step_chips=step_chips,
+        links=_links(con, a), steps=steps,
+        step_chips=_step_chips(con, steps, since_ns, until_ns),
         topology=merge_topologies(manifests), manifests=manifests, spans_dropped=dropped,
         window_ns=w,
     )  # fmt: skip
