@@ -45,6 +45,7 @@ class OtlpSource:
         self.feed = SpanFeed()
         self.receiver = OtlpReceiver(self.take, http=f"{host}:{port}").start()
         self.port = self.receiver.http_port
+        self.host = host
         self.name = f"otlp {host}:{self.port}"
         self._tmp = None if out else tempfile.mkdtemp(prefix="chiptrace-view-")
         self.store_dir = Path(out or self._tmp)
@@ -75,7 +76,8 @@ class OtlpSource:
         from chiptrace.viewer.model import LiveModel
 
         model = LiveModel()
-        print(f"chiptrace: receiving OTLP/HTTP on http://127.0.0.1:{self.port}/v1/traces (Ctrl-C ends)")
+        print(f"chiptrace: receiving OTLP/HTTP on http://{self.host}:{self.port}/v1/traces (Ctrl-C ends)",
+              flush=True)  # fmt: skip
         try:
             while True:
                 time.sleep(0.2)

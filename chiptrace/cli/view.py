@@ -76,7 +76,6 @@ def _run_otlp(args: argparse.Namespace, window_ns: int | None) -> int:
             return source.serve_summary(window_ns)
         from chiptrace.viewer.app import ViewerApp
 
-        print(f"chiptrace: receiving OTLP/HTTP on http://{host}:{source.port}/v1/traces", file=sys.stderr)
         ViewerApp([source], feed=source.feed, window_ns=window_ns).run()
     finally:
         source.stop()

@@ -182,3 +182,26 @@ def test_replay_paces_a_finished_trace(rack_dir: Path) -> None:
             ends.append(b.column("end_ns").to_numpy().max())
     assert seen == total
     assert ends == sorted(ends) and len(ends) > 3  # in end order, over several polls
+
+
+def test_cli_view_otlp_no_ui_receives_until_interrupted(tmp_path: Path) -> None:
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "stored"
+    proc = subprocess.Popen([sys.executable, "-m", "chiptrace", "view", "--otlp", "127.0.0.1:0",
+                             "--out", str(out), "--no-ui"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        port = int(re.search(r":(\d+)/v1/traces", line).group(1))
+        _send_spans(port, 4)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=30)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert "5 spans seen" in rest and "gpu       2 chips" in rest
+    assert chiptrace.connect(out).sql("SELECT count(*) FROM spans").fetchall()[0][0] == 5
