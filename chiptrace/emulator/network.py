@@ -80,13 +80,19 @@ class Network:
         return self._routes[key]
 
     def nearest(self, src: str, candidates: Sequence[str]) -> str | None:
-        """The candidate cheapest to reach from src (one Dijkstra over the whole rack)."""
+        """The candidate cheapest to reach from src: Dijkstra, stopped at the first candidate
+        it settles (which is the cheapest), so a GPU's own host CPU costs one hop to find."""
         topo = self.topology
+        wanted = set(candidates)
         best: dict[str, float] = {src: 0.0}
         heap = [(0.0, src)]
         while heap:
             cost, node = heapq.heappop(heap)
-            if cost > best.get(node, np.inf) or (node != src and topo.chips[node].type not in FORWARDERS):
+            if cost > best.get(node, np.inf):
+                continue
+            if node in wanted:
+                return node
+            if node != src and topo.chips[node].type not in FORWARDERS:
                 continue
             for nxt, li in topo.adjacency[node]:
                 d = 2 * li + (0 if topo.links[li].a == node else 1)
@@ -94,8 +100,7 @@ class Network:
                 if c < best.get(nxt, np.inf):
                     best[nxt] = c
                     heapq.heappush(heap, (c, nxt))
-        reachable = [c for c in candidates if c in best]
-        return min(reachable, key=lambda c: best[c]) if reachable else None
+        return None
 
     def _dijkstra(self, src: str, dst: str, forwarders: frozenset[str]) -> Route | None:
         topo = self.topology

@@ -36,9 +36,13 @@ _DTYPES = (np.int32, np.uint64, np.uint64, np.int32, np.int64, np.int64, np.int3
            np.int8, np.int64, np.int64, np.int8)  # fmt: skip
 
 
-def _dict_array(idx: np.ndarray, dictionary: pa.Array) -> pa.DictionaryArray:
+def _dict_array(idx: np.ndarray, dictionary: pa.Array) -> pa.Array:
     mask = idx < 0
-    indices = pa.array(np.where(mask, 0, idx).astype(np.int32), mask=mask if mask.any() else None)
+    if not mask.any():
+        return pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32, copy=False)), dictionary)
+    if mask.all():  # a chip column on transfer spans, a link column on chip ops
+        return pa.nulls(len(idx), pa.dictionary(pa.int32(), pa.string()))
+    indices = pa.array(np.where(mask, 0, idx).astype(np.int32), mask=mask)
     return pa.DictionaryArray.from_arrays(indices, dictionary)
 
 
