@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import threading
@@ -215,7 +216,8 @@ def main() -> None:
     sizes = (200_000, 1_000_000) if args.quick else (1_000_000, 5_000_000)
 
     print(f"chiptrace viewer benchmark ({'quick' if args.quick else 'full'}; "
-          f"{psutil.cpu_count()} CPUs; window {WINDOW_NS / 1e6:.0f} ms, {HISTORY_CELLS} history cells)")  # fmt: skip
+          f"{psutil.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+          f"window {WINDOW_NS / 1e6:.0f} ms, {HISTORY_CELLS} history cells)")  # fmt: skip
     r = asyncio.run(live(rate, seconds))
     print(f"\nlive: fed {rate:,} spans/s for {seconds:.0f} s into a headless ViewerApp (120x40)")
     print(f"  ingested           {r['spans_per_s']:>10,.0f} spans/s   (dropped {r['dropped']:,})")
@@ -231,6 +233,7 @@ def main() -> None:
         print(f"  {n:>10,}  {ours:>12.3f}  {naive:>15.1f}  {naive / ours:>16.0f}x")
     (n0, o0, v0), (n1, o1, v1) = rows
     print(f"  growth {n1 // n0}x stored: chiptrace {o1 / o0:.2f}x, naive {v1 / v0:.2f}x")
+    print(f"  (load average now {os.getloadavg()[0]:.1f}: on a shared box the live figures vary with it)")
 
     n = 100_000
     w = asyncio.run(waterfall(n))
