@@ -29,12 +29,13 @@ def main() -> None:
         from opentelemetry.exporter.otlp.proto.http import Compression
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=args.http, compression=Compression.Gzip if args.gzip else None)
+        exporter = OTLPSpanExporter(endpoint=args.http, timeout=60,
+                                    compression=Compression.Gzip if args.gzip else None)
     else:
         from grpc import Compression
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=args.grpc, insecure=True,
+        exporter = OTLPSpanExporter(endpoint=args.grpc, insecure=True, timeout=60,
                                     compression=Compression.Gzip if args.gzip else None)
     memory = InMemorySpanExporter()
     tp = TracerProvider(resource=Resource({"service.name": "sdk-app", "host.name": "node7", "process.pid": 4242}))

@@ -39,7 +39,7 @@ class Receiver:
         self.grpc_url = f"grpc://127.0.0.1:{self.grpc_port}"
 
     def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.http_url}/stats", timeout=10) as resp:
+        with urllib.request.urlopen(f"{self.http_url}/stats", timeout=60) as resp:
             return json.loads(resp.read())
 
     def requests(self) -> list[ExportTraceServiceRequest]:
