@@ -46,6 +46,16 @@ def _dict_array(idx: np.ndarray, dictionary: pa.Array) -> pa.Array:
     return pa.DictionaryArray.from_arrays(indices, dictionary)
 
 
+def _sparse_strings(entries: list[tuple[int, str]], n: int) -> pa.Array:
+    """A string column that is null but for a few rows (links, attributes)."""
+    if not entries:
+        return pa.nulls(n, _STR)
+    values: list[str | None] = [None] * n
+    for off, payload in entries:
+        values[off] = payload
+    return pa.array(values, _STR)
+
+
 class SpanTable:
     """Pending spans of one run, flushed in chunks through `emit(batch)`.
 
@@ -199,12 +209,7 @@ class SpanTable:
         chip, d = c["chip"], c["dir"]
         has_dir = d >= 0
         safe = np.where(has_dir, d, 0)
-        links = [None] * n
-        for off, payload in self._links:
-            links[off] = payload
-        attrs = [None] * n
-        for off, payload in self._attrs:
-            attrs[off] = payload
+
         names = pa.array(sorted(self.names, key=self.names.get), _STR)
         cols = {
             "trace_id": tid,
@@ -223,8 +228,8 @@ class SpanTable:
             "op_bytes": pa.array(c["bytes"], mask=c["bytes"] < 0),
             "op_flops": pa.array(c["flops"], mask=c["flops"] < 0),
             "op_precision": _dict_array(c["prec"].astype(np.int32), pa.array(PRECISIONS, _STR)),
-            "links": pa.array(links, _STR) if self._links else pa.nulls(n, _STR),
-            "attributes": pa.array(attrs, _STR) if self._attrs else pa.nulls(n, _STR),
+            "links": _sparse_strings(self._links, n),
+            "attributes": _sparse_strings(self._attrs, n),
             **self.constants,
         }
         return batch_from_columns(cols, n)
