@@ -16,7 +16,7 @@ from chiptrace.analysis.rules_chips import RuleInput
 METRIC_KEYS = (
     "spans", "spans_dropped", "wall_ms", "steps", "step_ms_p50", "step_ms_p99", "step_ms_mean",
     "utilization", "chips", "links", "comm_share", "critical_path_comm_share", "mfu",
-    "achieved_tflops",
+    "achieved_tflops", "steps_sampled",
 )  # fmt: skip
 
 
@@ -99,6 +99,7 @@ def headline(x: RuleInput, exposed_comm_share: float | None = None) -> dict[str,
         "critical_path_comm_share": _round(comm_share(x.paths)),
         "mfu": _round(mfu),
         "achieved_tflops": _round(tflops),
+        "steps_sampled": len(x.steps),
     }
 
 

@@ -54,6 +54,9 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
                            ("op kind", "by_op_kind"), ("span", "by_name")):  # fmt: skip
             parts = "   ".join(f"{k} {_pct(v)}" for k, v in cp[key].items())
             out.append(f"  by {label:<10} {parts}")
+    if not cp and m.get("steps") and not m.get("steps_sampled"):
+        out += ["", "Critical path: not computed (steps too large to walk span by span; "
+                    "raise --max-step-spans)"]  # fmt: skip
     med = d.get("critical_path_median")
     if med and cp and med["trace_id"] != cp["trace_id"]:
         parts = "   ".join(f"{k} {_pct(v)}" for k, v in med["by_chip_type"].items())

@@ -8,6 +8,7 @@ of the analysed wall time where a rule works on totals).
 from __future__ import annotations
 
 import functools
+import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ IMBALANCE = 0.20  # busiest chip 20% above its type's mean
 SLOW_VS_PEERS = 0.6  # a chip below 60% of its peers' roofline efficiency
 FAST_FORMAT_GAIN = 1.5  # a format at least 1.5x the peak of the one in use
 STARVED = 0.05  # compute idle while the host works, 5% of a step
+_LAYER_SUFFIX = re.compile(r"[._:#-]?\d+$")
 
 
 @dataclass
@@ -188,7 +190,8 @@ def roofline(x: RuleInput) -> list[Finding]:
 def _dominant_op(t: TraceTables, rows: list[dict]) -> list[Finding]:
     per: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for r in rows:
-        d = per[(r["chip_type"], r["name"])]
+        # "fwd.3" and "fwd.12" are one op for this purpose: layers are numbered
+        d = per[(r["chip_type"], _LAYER_SUFFIX.sub("", r["name"]) or r["name"])]
         for k in ("op_ns", "compute_s", "mem_s", "ideal_ns", "flops", "bytes"):
             d[k] += r[k] or 0
     (ctype, name), d = max(per.items(), key=lambda kv: kv[1]["op_ns"])

@@ -36,6 +36,9 @@ RULES: dict[str, Rule] = {
 
 REPORT_VERSION = 1
 SAMPLE_SPANS = 150_000  # spans analysed one by one (critical path, overlap, starvation)
+# A step bigger than this is not walked span by span (Python, ~10 us a span): an nvl72 step
+# has ~2M spans. Its critical path, overlap and starvation are then left out, and said so.
+MAX_STEP_SPANS = 400_000
 
 
 def run_rules(x: rc.RuleInput, rules: Iterable[str] | None = None) -> list[Finding]:
@@ -115,6 +118,8 @@ class TraceAnalysis:
         sample_steps: how many steps get span-level analysis (critical path, overlap,
             starvation): the slowest, the median, and some spread over the run.
         windows: points in the utilization-over-time series.
+        max_step_spans: steps with more spans than this (on average) get no span-level
+            analysis (critical path, overlap, starvation): it runs in Python.
 
     Example:
         >>> ta = TraceAnalysis("traces/run1")
@@ -130,6 +135,7 @@ class TraceAnalysis:
         step_name: str | None = None,
         sample_steps: int = 5,
         windows: int = 120,
+        max_step_spans: int = MAX_STEP_SPANS,
     ) -> None:
         if hasattr(source, "sql") and hasattr(source, "execute"):
             self.con = source
@@ -142,6 +148,7 @@ class TraceAnalysis:
             self.sources = [os.fspath(p) for p in paths]
         self.since_ns, self.until_ns = since_ns, until_ns
         self.step_name, self.sample_steps, self.windows = step_name, sample_steps, windows
+        self.max_step_spans = max_step_spans
 
     @cached_property
     def tables(self) -> TraceTables:
@@ -155,6 +162,8 @@ class TraceAnalysis:
         t = self.tables
         # Span-level work is Python: keep it to about SAMPLE_SPANS spans in all.
         per_step = t.spans / max(t.steps.num_rows, 1)
+        if per_step > self.max_step_spans:
+            return []
         k = max(1, min(self.sample_steps, int(SAMPLE_SPANS // max(per_step, 1))))
         return load_steps(self.con, t.steps, pick_steps(t.steps, k if self.sample_steps else 0))
 

@@ -103,3 +103,13 @@ def test_report_on_untagged_code_and_an_empty_window(tmp_path: Path, capsys) -> 
     assert main(["report", str(d), "--since-ns", later, "--json"]) == 0
     empty = json.loads(capsys.readouterr().out)
     assert empty["metrics"]["spans"] == 0 and empty["findings"] == []
+
+
+def test_steps_too_big_to_walk_are_said_so(tmp_path: Path, capsys) -> None:
+    d = training_run(tmp_path / "t", slow_gpu="gpu:1")
+    assert main(["report", str(d), "--max-step-spans", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "Critical path: not computed" in out and "straggler" in out  # SQL rules still run
+    assert main(["report", str(d), "--max-step-spans", "10", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["critical_path"] is None and data["metrics"]["steps_sampled"] == 0
