@@ -18,7 +18,7 @@ WINDOW_NS = STEP_NS  # one step: 100 ms, ten 10 ms buckets
 
 
 async def _settle(app: ViewerApp, pilot, spans: int) -> None:  # noqa: ANN001
-    for _ in range(100):
+    for _ in range(600):  # up to 30 s on a loaded box; exits as soon as ready
         if app.model.spans_total >= spans:
             break
         await pilot.pause(0.05)
@@ -132,7 +132,7 @@ async def test_analysis_rules_run_over_the_window(rack_dir: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await _settle(app, pilot, 100)
         app.run_analysis()
-        for _ in range(100):
+        for _ in range(600):  # up to 30 s on a loaded box; exits as soon as ready
             if app.deep_alerts:
                 break
             await pilot.pause(0.05)

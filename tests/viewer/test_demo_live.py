@@ -19,7 +19,7 @@ def test_demo_on_a_terminal_runs_the_viewer(tmp_path: Path, monkeypatch: pytest.
 
     def headless_run(self: ViewerApp, **kwargs: object) -> None:
         async def pilot_fn(pilot) -> None:  # noqa: ANN001
-            for _ in range(200):  # until the 0.3 s emulated run has ended and been ingested
+            for _ in range(600):  # until the 0.3 s emulated run has ended and been ingested
                 await pilot.pause(0.05)
                 if self.model.spans_total and not self.feed.pending:
                     if self.model.spans_total == seen.get("last"):

@@ -12,7 +12,7 @@ from chiptrace.viewer.widgets import SpanDetail, SqlConsole, Waterfall, Waterfal
 from viewer_helpers import screen_text
 
 
-async def _wait(pilot, cond, tries: int = 100) -> None:  # noqa: ANN001
+async def _wait(pilot, cond, tries: int = 600) -> None:  # noqa: ANN001
     for _ in range(tries):
         if cond():
             return

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from chiptrace.viewer.alerts import Alert
+from chiptrace.viewer.widgets.panel import Panel
 from textual.markup import escape
-from textual.widgets import Static
 
 _STYLE = {"high": "$error", "medium": "$warning", "low": "$text-muted", "info": "$text-muted"}
 
 
-class AlertPanel(Static):
+class AlertPanel(Panel):
     """One line per alert; says so when nothing stands out."""
 
     def on_mount(self) -> None:
@@ -18,7 +18,7 @@ class AlertPanel(Static):
     def show(self, alerts: list[Alert]) -> None:
         self.set_class(bool(alerts), "-alerting")
         if not alerts:
-            self.update("[$success]no bottleneck in this window[/]")
+            self.set_text("[$success]no bottleneck in this window[/]")
             return
         lines = [
             f"[b {_STYLE.get(a.severity, '')}]{a.severity[:4].upper():<4}[/] {escape(a.message)}"
@@ -26,4 +26,4 @@ class AlertPanel(Static):
         ]
         if len(alerts) > 8:
             lines.append(f"[$text-muted]… {len(alerts) - 8} more[/]")
-        self.update("\n".join(lines))
+        self.set_text("\n".join(lines))

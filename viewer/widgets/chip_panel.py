@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from chiptrace.viewer.model import SeriesRow
 from chiptrace.viewer.render import bar, percent, sparkline
-from textual.widgets import Static
+from chiptrace.viewer.widgets.panel import Panel
 
 
-class ChipTypePanel(Static):
+class ChipTypePanel(Panel):
     """The chips of one type (gpu, cpu, dpu, npu, nic or switch).
 
     A type the source has no chips of says so, instead of drawing empty bars.
@@ -24,7 +24,7 @@ class ChipTypePanel(Static):
         self.set_class(not rows, "-none")
         if not rows:
             self.border_subtitle = ""
-            self.update(f"[$text-muted]no {self.chip_type} chips in this source[/]")
+            self.set_text(f"[$text-muted]no {self.chip_type} chips in this source[/]")
             return
         mean = float(np.mean([r.utilization for r in rows]))
         self.border_title = f"{self.chip_type.upper()} ×{len(rows)}  avg {percent(mean).strip()}"
@@ -37,4 +37,4 @@ class ChipTypePanel(Static):
             f"{sparkline(r.history, spark_w)}"
             for r in rows
         ]
-        self.update("\n".join(lines))
+        self.set_text("\n".join(lines))

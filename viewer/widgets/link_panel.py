@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from chiptrace.viewer.model import SeriesRow
 from chiptrace.viewer.render import bar, human_bytes_per_s, percent, sparkline
-from textual.widgets import Static
+from chiptrace.viewer.widgets.panel import Panel
 
 SHOW = 12  # a rack has thousands of link directions; the busiest fit, the rest are counted
 
@@ -14,7 +14,7 @@ def load(row: SeriesRow) -> float:
     return row.saturation if row.saturation is not None else row.utilization
 
 
-class LinkPanel(Static):
+class LinkPanel(Panel):
     """Links by load; saturation against the topology's bandwidth when known, otherwise
     the busy fraction of the window (marked b)."""
 
@@ -23,7 +23,7 @@ class LinkPanel(Static):
 
     def show(self, links: list[SeriesRow]) -> None:
         if not links:
-            self.update("[$text-muted]no link transfers in this source[/]")
+            self.set_text("[$text-muted]no link transfers in this source[/]")
             return
         order = sorted(links, key=lambda r: (-load(r), -r.bytes_per_s))[:SHOW]
         width = max(self.size.width - 1, 30)
@@ -41,4 +41,4 @@ class LinkPanel(Static):
                          f"{bar(load(r), bar_w)}{percent(load(r))}{mark}{spark}")  # fmt: skip
         if len(links) > SHOW:
             lines.append(f"[$text-muted]… {len(links) - SHOW:,} more link directions[/]")
-        self.update("\n".join(lines))
+        self.set_text("\n".join(lines))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from chiptrace.viewer.model import SlowSpan
 from chiptrace.viewer.render import human_ns
+from chiptrace.viewer.widgets.panel import Panel
 from textual.markup import escape
-from textual.widgets import Static
 
 
-class SlowOpsPanel(Static):
+class SlowOpsPanel(Panel):
     """Name, where it ran, and duration of the window's slowest spans."""
 
     def on_mount(self) -> None:
@@ -16,7 +16,7 @@ class SlowOpsPanel(Static):
 
     def show(self, spans: list[SlowSpan], limit: int = 6) -> None:
         if not spans:
-            self.update("[$text-muted]no spans in this window[/]")
+            self.set_text("[$text-muted]no spans in this window[/]")
             return
         width = max(self.size.width, 30)
         name_w = max(8, width - 28)
@@ -24,4 +24,4 @@ class SlowOpsPanel(Static):
             f"{escape(s.name[:name_w]):<{name_w}} {escape(s.where[:16]):<16} {human_ns(s.duration_ns):>9}"
             for s in spans[:limit]
         ]
-        self.update("\n".join(lines))
+        self.set_text("\n".join(lines))

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from chiptrace.viewer.model import Snapshot
 from chiptrace.viewer.render import human_count, human_ns
+from chiptrace.viewer.widgets.panel import Panel
 from textual.markup import escape
-from textual.widgets import Static
 
 
-class StatusBar(Static):
+class StatusBar(Panel):
     """The dashboard's top line."""
 
     def show(self, snap: Snapshot, source: str, paused: bool) -> None:
         state = "[b $warning]PAUSED[/] " if paused else "[b $success]LIVE[/] "
         dropped = f"[b $error]{snap.dropped:,}[/]" if snap.dropped else "0"
-        self.update(
+        self.set_text(
             f"{state}{escape(source[-28:])}  window {human_ns(snap.window_ns)}  "
             f"[b]{human_count(snap.spans_per_s)}[/] spans/s  "
             f"{human_count(snap.spans_total)} seen  dropped {dropped}"
