@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from chiptrace.viewer.render import human_ns
 from rich.segment import Segment
 from rich.style import Style
@@ -35,10 +36,12 @@ class WaterfallRows:
     def __init__(self, spans: pa.Table, critical: set[str] | None = None) -> None:
         self.spans = spans
         n = spans.num_rows
-        chip = spans["chip_id"].to_pylist()
-        link = spans["link_id"].to_pylist()
-        lanes = [c or (f"{lk}" if lk else "(no chip)") for c, lk in zip(chip, link, strict=True)]
-        names, lane_idx = np.unique(np.array(lanes, dtype=object), return_inverse=True)
+        # Lane per span with Arrow kernels, not a Python loop: chip, else link, else neither.
+        lane_col = pc.coalesce(*(pc.cast(spans[c], pa.string()) for c in ("chip_id", "link_id")),
+                               pa.scalar("(no chip)"))  # fmt: skip
+        enc = (lane_col.combine_chunks() if isinstance(lane_col, pa.ChunkedArray) else lane_col).dictionary_encode()
+        names = np.array(enc.dictionary.to_pylist(), dtype=object)
+        lane_idx = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         # Chips first, then links, then spans on neither (roots, host code).
         kind = np.array([0 if not str(x).startswith("(") and ":" in str(x) and
                          str(x).split(":")[0] in _CHIPS else (2 if str(x).startswith("(") else 1)
@@ -56,10 +59,10 @@ class WaterfallRows:
         self.header_lane = {int(i + k): str(names[lane_order[lane_of_sorted[i]]])
                             for k, i in enumerate(np.flatnonzero(first))}  # fmt: skip
         self.lane_counts = np.bincount(lane_of_sorted, minlength=len(names)) if n else np.zeros(0)
-        self.names = spans["name"].to_pylist()
-        ids = spans["span_id"].to_pylist()
-        crit = critical or set()
-        self.critical = np.array([i in crit for i in ids], dtype=bool)
+        self.names = spans["name"]  # read per visible row, not converted up front
+        crit = pa.array(sorted(critical or ()), pa.string())
+        self.critical = pc.is_in(pc.cast(spans["span_id"], pa.string()), value_set=crit).to_numpy(
+            zero_copy_only=False).astype(bool)  # fmt: skip
         self.t0 = int(self.start.min()) if n else 0
         self.t1 = int(self.end.max()) if n else 1
         # Lane (Gantt) mode: each lane's spans in start order, and where each span sits.
@@ -300,7 +303,7 @@ class Waterfall(ScrollView, can_focus=True):
         label_w = min(LABEL_MAX, max(10, width // 3))
         bar_w = max(width - label_w - 10, 4)
         crit = bool(d.critical[i])
-        label = f"{'◆' if crit else ' '} {d.names[i]}"[:label_w].ljust(label_w)
+        label = f"{'◆' if crit else ' '} {d.names[i].as_py()}"[:label_w].ljust(label_w)
         dur = f"{human_ns(d.end[i] - d.start[i]):>9} "
         lo, hi = self.view
         (a,), (b,) = self._columns(np.array([i]), bar_w)
