@@ -70,3 +70,15 @@ def test_tree_allreduce_is_latency_cheaper_for_small_buffers_on_many_ranks():
     big = {a: coll.duration_ns(net, coll.plan(net, a, gpus, 4e9)) for a in coll.ALGORITHMS}
     assert small["tree"] < small["ring"]
     assert big["ring"] < big["tree"]
+
+
+def test_sharing_happens_on_the_hop_two_routes_have_in_common():
+    net = Network(load_topology("pcie8"))
+    a, b = net.route("gpu:0", "gpu:4"), net.route("gpu:1", "gpu:5")
+    assert len(a.dirs) == 4 and set(a.dirs) & set(b.dirs)  # both cross switch:0 -> cpu:0 -> switch:1
+    alone = net.fluid([0.0], [a], [1e9])[0]
+    both = net.fluid([0.0, 0.0], [a, b], [1e9, 1e9])
+    assert alone == pytest.approx(4 * 2500 + 1e9 / 32e9 * 1e9)
+    assert both == pytest.approx([4 * 2500 + 2 * 1e9 / 32e9 * 1e9] * 2)
+    inside = net.fluid([0.0, 0.0], [a, net.route("gpu:1", "gpu:2")], [1e9, 1e9])
+    assert inside == pytest.approx([alone, 2 * 2500 + 1e9 / 32e9 * 1e9])  # disjoint: no sharing
