@@ -84,3 +84,22 @@ def test_query_cli_can_call_the_macros(tmp_path: Path, builder: TraceBuilder, ca
     out = capsys.readouterr().out
     assert "gpu:0" in out and str(70 * US) in out
     assert MS == 1000 * US
+
+
+def test_analysis_tables_agree_with_the_macros(tmp_path: Path, builder: TraceBuilder) -> None:
+    """The report skips the anti-join when no chip span nests another; both paths must
+    give the busy time the macros give."""
+    from analysis_helpers import training_run
+
+    from chiptrace.analysis import TraceAnalysis
+
+    for d in (training_run(tmp_path / "flat", steps=3), None):
+        if d is None:
+            _overlapping(builder)
+            d = builder.write(tmp_path / "nested")
+        con = chiptrace.connect(d)
+        want = dict(con.sql(
+            "SELECT chip_id, CAST(sum(end_ns - start_ns) AS BIGINT) FROM chip_busy() GROUP BY 1"
+        ).fetchall())  # fmt: skip
+        got = {r["chip_id"]: r["busy_ns"] for r in TraceAnalysis(con).tables.chips.to_pylist()}
+        assert got == want
