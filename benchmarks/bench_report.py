@@ -158,7 +158,8 @@ def main() -> int:
               f"peak RSS {peer['maxrss_gib']:.2f} GiB")  # fmt: skip
         check = run_child("check", d)["busy"]
         same = check == peer["busy"]
-        print(f"ratio (peer / chiptrace): {peer['wall_s'] / ours['wall_s']:.1f}x time, "
+        print(f"ratio (peer / chiptrace): {peer['wall_s'] / ours['wall_s']:.1f}x wall time, "
+              f"{peer['cpu_s'] / ours['cpu_s']:.1f}x CPU time, "
               f"{peer['maxrss_gib'] / ours['maxrss_gib']:.1f}x memory; per-chip busy time "
               f"{'identical' if same else 'DIFFERS'} ({len(peer['busy'])} chips)")  # fmt: skip
     ok = ours["wall_s"] <= TARGET_S and ours["maxrss_gib"] <= TARGET_GIB
