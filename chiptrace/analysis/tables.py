@@ -90,14 +90,18 @@ def _where(since_ns: int | None, until_ns: int | None) -> str:
     return " AND ".join(conds)
 
 
-def _nested(con: Any, col: str) -> bool:
-    """Does any span on a chip (col chip_id) or link (link_id) have a child on one too?"""
-    rows = con.sql(f"""
-        SELECT 1 FROM spans_raw s SEMI JOIN (
-            SELECT DISTINCT parent_span_id AS id FROM spans_raw
-            WHERE {col} IS NOT NULL AND parent_span_id IS NOT NULL) p ON p.id = s.span_id
-        WHERE s.{col} IS NOT NULL LIMIT 1""").fetchall()
-    return bool(rows)
+def _nested(con: Any) -> tuple[bool, bool]:
+    """Does any chip span have a child on a chip; any link span a child on a link? (One
+    scan of span ids against the few parent ids.)"""
+    rows = con.sql("""
+        WITH pc AS (SELECT DISTINCT parent_span_id AS id FROM spans_raw
+                    WHERE chip_id IS NOT NULL AND parent_span_id IS NOT NULL),
+        pl AS (SELECT DISTINCT parent_span_id AS id FROM spans_raw
+               WHERE link_id IS NOT NULL AND parent_span_id IS NOT NULL)
+        SELECT coalesce(bool_or(chip_id IS NOT NULL AND span_id IN (SELECT id FROM pc)), false),
+               coalesce(bool_or(link_id IS NOT NULL AND span_id IN (SELECT id FROM pl)), false)
+        FROM spans_raw WHERE chip_id IS NOT NULL OR link_id IS NOT NULL""").fetchall()
+    return (bool(rows[0][0]), bool(rows[0][1])) if rows else (False, False)
 
 
 def _sources(con: Any, a: str, since_ns: int | None, until_ns: int | None) -> tuple[str, str]:
@@ -108,12 +112,13 @@ def _sources(con: Any, a: str, since_ns: int | None, until_ns: int | None) -> tu
     lo = f"greatest(start_ns, {int(since_ns)})" if since_ns is not None else "start_ns"
     hi = f"least(end_ns, {int(until_ns)})" if until_ns is not None else "end_ns"
     where = _where(since_ns, until_ns)
-    ops = f"chip_ops({a})" if _nested(con, "chip_id") else f"""(
+    chips_nest, links_nest = _nested(con)
+    ops = f"chip_ops({a})" if chips_nest else f"""(
         SELECT trace_id, chip_id, chip_type, op_kind, op_precision, name, op_flops, op_bytes,
                {lo} AS start_ns, {hi} AS end_ns
         FROM spans_raw WHERE chip_id IS NOT NULL AND {where} AND end_ns > start_ns
           AND (op_kind IS NULL OR op_kind <> 'idle'))"""
-    xfers = f"link_transfers({a})" if _nested(con, "link_id") else f"""(
+    xfers = f"link_transfers({a})" if links_nest else f"""(
         SELECT link_id, link_type, link_src, link_dst, op_bytes, name,
                start_ns AS span_start_ns, end_ns AS span_end_ns, {lo} AS start_ns, {hi} AS end_ns
         FROM spans_raw WHERE link_id IS NOT NULL AND {where} AND end_ns >= start_ns)"""
