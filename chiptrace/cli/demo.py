@@ -1,7 +1,10 @@
 """`chiptrace demo`: the main job. Runs the default emulated rack and shows where time went.
 
-The rack (`rack6`: GPUs, CPUs, DPUs, NPUs, NICs and switches) trains a model for a few
-seconds, paced to wall time, and its spans go to a trace dir. On a terminal it shows live in
+The rack (`rack6`: GPUs, CPUs, DPUs, NPUs, NICs and switches) runs the `mixed` workload for
+a few seconds, paced to wall time: GPUs train (input received by the NICs, forwarded by the
+Ethernet switch, loaded by the CPUs, preprocessed by the DPUs; the all-reduce forwarded by
+the NVLink switch) while the NPUs serve requests, so every chip type carries load. Its spans
+go to a trace dir (`--workload train|infer` runs one workload alone). On a terminal it shows live in
 the viewer (the emulation runs in a thread and feeds the viewer in-process); with --no-ui or
 when stdout is not a terminal, a summary prints instead. `run_demo(...)` takes extra span
 sinks, which is how the live view rides along.
@@ -26,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="emulated seconds to run (paced to wall time)")
     p.add_argument("--steps", type=int, default=None, help="stop after this many training steps instead")
     p.add_argument("--topology", default="rack6", help="preset or TOML path (default rack6)")
-    p.add_argument("--workload", default="train", help="train or infer")
+    p.add_argument("--workload", default="mixed",
+                   help="mixed (default: train on GPUs + serve on NPUs, every chip type busy), train or infer")  # fmt: skip
     p.add_argument("--fault", action="append", default=[], metavar="KIND:TARGET[:VALUE]",
                    help="inject a fault, e.g. slow:gpu:3:4 (repeatable)")  # fmt: skip
     p.add_argument("--speed", type=float, default=1.0, help="emulated seconds per wall second")
@@ -42,7 +46,7 @@ def run_demo(
     *,
     steps: int | None = None,
     topology: str = "rack6",
-    workload: str = "train",
+    workload: str = "mixed",
     faults: Sequence[str] = (),
     speed: float = 1.0,
     seed: int = 0,

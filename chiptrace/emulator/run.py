@@ -56,9 +56,10 @@ class EmulationResult:
 
 def _workloads() -> dict[str, tuple[type, type]]:
     from chiptrace.emulator.infer import InferConfig, Inference
+    from chiptrace.emulator.mixed import Mixed, MixedConfig
     from chiptrace.emulator.train import TrainConfig, Training
 
-    return {"train": (TrainConfig, Training), "infer": (InferConfig, Inference)}
+    return {"train": (TrainConfig, Training), "infer": (InferConfig, Inference), "mixed": (MixedConfig, Mixed)}
 
 
 def _coerce(name: str, raw: Any, default: Any) -> Any:
@@ -135,7 +136,7 @@ def emulate(
 
     Args:
         topology: a preset name (`rack6`, `nvl72`, `pcie8`), a TOML path, or a Topology.
-        workload: `train` or `infer`.
+        workload: `train`, `infer` or `mixed` (training on GPUs, serving on NPUs, see mixed.py).
         steps: training steps or inference batches (None: until `duration_s` of virtual time).
         seed: the same seed and inputs give the same span table, ids and times included.
         out: trace directory (default `chiptrace-traces/emulate-<time>`).

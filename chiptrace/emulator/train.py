@@ -38,6 +38,8 @@ class TrainConfig:
     input_mb: float = 64.0  # raw input per GPU per step, preprocessed on a DPU
     preprocess_flops_per_byte: float = 50.0  # DPU work per input byte (decode, augment, tokenize)
     prefetch: bool = True  # preprocess step s+1 while step s computes
+    host_load_flops_per_byte: float = 0.0  # > 0: input comes in via NIC and a CPU load stage (ingest.py)
+    switch_ops: bool = False  # `forward` op spans on the switches the all-reduce crosses (fabric.py)
 
     @property
     def params_per_layer(self) -> float:
@@ -55,6 +57,8 @@ class TrainConfig:
         for k in ("bucket_mb", "input_mb", "preprocess_flops_per_byte"):
             if not getattr(self, k) > 0:
                 raise WorkloadError(f"workload {k} = {getattr(self, k)!r}: expected a number > 0")
+        if not self.host_load_flops_per_byte >= 0:
+            raise WorkloadError(f"workload host_load_flops_per_byte = {self.host_load_flops_per_byte!r}: expected a number >= 0")
         if self.allreduce not in collectives.ALGORITHMS:
             raise WorkloadError(f"workload allreduce = {self.allreduce!r}: expected ring or tree")
         if self.optimizer not in ("gpu", "cpu"):
@@ -104,6 +108,12 @@ class Training:
         self.dpu_free = dict.fromkeys(self.dpus, 0.0)
         self.plans: dict[float, list] = {}  # collective rounds per bucket size
         self.t = 0.0  # end of the previous step
+        # Optional host path and switch ops (imported here: both modules import train_step).
+        from chiptrace.emulator.fabric import Fabric
+        from chiptrace.emulator.ingest import Ingest
+
+        self.ingest = Ingest(self) if cfg.host_load_flops_per_byte > 0 else None
+        self.fabric = Fabric(ctx) if cfg.switch_ops else None
         self.prev_start = 0.0
 
     def _nearest_cpu(self, gpu: str) -> str | None:

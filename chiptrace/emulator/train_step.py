@@ -55,12 +55,13 @@ def _input(tr: Training, s: int, t0: float, trace: int, parent: int, bounds: dic
     ctx, cfg, tb = tr.ctx, tr.cfg, tr.ctx.table
     release = tr.prev_start if cfg.prefetch and s > 0 else t0
     placement, dur = input_plan(tr, release)
+    dpu = [placement[g] for g in tr.gpus]
+    on_dpu = tr.ingest.run(dpu, release, trace, parent) if tr.ingest else np.full(len(tr.gpus), release)
     starts = np.zeros(len(tr.gpus))
     for i, g in enumerate(tr.gpus):
         d = placement[g]
-        starts[i] = max(tr.dpu_free[d], release) + ctx.delay.get(d, 0.0)
+        starts[i] = max(tr.dpu_free[d], float(on_dpu[i])) + ctx.delay.get(d, 0.0)
         tr.dpu_free[d] = starts[i] + dur[d]
-    dpu = [placement[g] for g in tr.gpus]
     ends = starts + np.array([dur[d] for d in dpu])
     nbytes = cfg.input_mb * 1e6
     tb.add(trace, tb.name("preprocess"), starts, ends, parent, chip=np.array([ctx.chip(d) for d in dpu]),
@@ -69,7 +70,8 @@ def _input(tr: Training, s: int, t0: float, trace: int, parent: int, bounds: dic
     routes = [ctx.network.route(d, g) for d, g in zip(dpu, tr.gpus, strict=True)]
     arrive = ctx.network.fluid(ends, routes, [nbytes] * len(routes))
     ids = transfers(tb, routes, ends, arrive, trace, parent, "h2d", nbytes)
-    bounds["input"] = (float(starts.min()), float(arrive.max()))
+    first = float(starts.min()) if tr.ingest is None else min(float(starts.min()), release)
+    bounds["input"] = (first, float(arrive.max()))
     return arrive, ids
 
 
@@ -114,6 +116,8 @@ def _allreduce(tr: Training, bwd_end: np.ndarray, trace: int, parent: int, bound
             tr.plans[key] = collectives.plan(net, cfg.allreduce, tr.gpus, nbytes, cfg.channels)
         bid = tb.ids(1)
         end = collectives.emit(tb, net, tr.plans[key], st, trace, int(bid[0]), name)
+        if tr.fabric:
+            tr.fabric.forward_rounds(tr.plans[key], st, trace, int(bid[0]))
         tb.add(trace, bucket_name, st, end, parent, op="comm", nbytes=int(nbytes), span_ids=bid)
         first = st if first is None else first
         prev = end

@@ -1,0 +1,74 @@
+"""The mixed workload: the whole rack at work, each chip type doing what it is for.
+
+Data-parallel training runs on the GPUs with its input coming in over the network (the
+NICs receive it, the Ethernet switch forwards it, the CPUs decode and tokenize it, the DPUs
+preprocess it: see ingest.py) and its all-reduce forwarded by the NVLink switch (fabric.py),
+while the NPUs serve an inference request stream (infer.py, `devices=npu`). A step is one
+training step plus every inference batch whose requests arrived before that step ended, so
+both share the run's clock, table and seeded generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from chiptrace.emulator.context import Context
+from chiptrace.emulator.infer import InferConfig, Inference
+from chiptrace.emulator.train import TrainConfig, Training
+
+_INFER_PREFIX = "infer_"
+
+
+@dataclass
+class MixedConfig(TrainConfig):
+    """Training knobs (TrainConfig, with the host path and switch ops on) plus the
+    inference stream's knobs, prefixed `infer_` (see InferConfig)."""
+
+    host_load_flops_per_byte: float = 200.0  # decode + tokenize on the host CPU
+    switch_ops: bool = True
+    infer_layers: int = 8  # a ~1.6B model: two Gaudi 3s keep up with the default rate
+    infer_hidden: int = 4096
+    infer_rate: float = 150.0
+    infer_prompt_tokens: int = 512
+    infer_output_tokens: int = 128
+    infer_token_budget: int = 16384
+    infer_max_wait_ms: float = 50.0
+    infer_devices: str = "npu"
+
+    def infer_config(self) -> InferConfig:
+        """The InferConfig the `infer_*` knobs describe (the rest at InferConfig's defaults)."""
+        known = {f.name for f in fields(InferConfig)}
+        kw = {f.name[len(_INFER_PREFIX):]: getattr(self, f.name) for f in fields(self)
+              if f.name.startswith(_INFER_PREFIX) and f.name[len(_INFER_PREFIX):] in known}  # fmt: skip
+        return InferConfig(**kw)
+
+    def check(self) -> None:
+        super().check()
+        self.infer_config().check()
+
+
+class Mixed:
+    """Training on the GPUs and serving on the NPUs, one training step at a time."""
+
+    def __init__(self, ctx: Context, cfg: MixedConfig) -> None:
+        cfg.check()
+        self.cfg = cfg
+        self.train = Training(ctx, cfg)
+        self.infer = Inference(ctx, cfg.infer_config())
+        self.batches = 0
+
+    def describe(self) -> dict[str, object]:
+        train = self.train.describe()
+        return {**train, "kind": "mixed", "infer": self.infer.describe(),
+                **{k: v for k, v in asdict(self.cfg).items() if k.startswith(_INFER_PREFIX)}}  # fmt: skip
+
+    def step(self, s: int) -> float:
+        """Training step `s`, then the inference batches that arrived by its end; returns the
+        later of the two ends (virtual ns), so a paced run never shows work from its future."""
+        end = self.train.step(s)
+        last = end
+        inf = self.infer
+        while (inf.queue[0][0] if inf.queue else inf.next_arrival) < end:
+            last = max(last, inf.step(self.batches))
+            self.batches += 1
+        return last
