@@ -52,23 +52,29 @@ class Mixed:
 
     def __init__(self, ctx: Context, cfg: MixedConfig) -> None:
         cfg.check()
+        topo = ctx.topology
+        # The whole rack at work, whatever it has: a rack without NICs or CPUs skips the
+        # host path, one without the serving devices (pcie8, nvl72) only trains.
+        if not (topo.of_type("nic") and topo.of_type("cpu")):
+            cfg.host_load_flops_per_byte = 0.0
         self.cfg = cfg
         self.train = Training(ctx, cfg)
-        self.infer = Inference(ctx, cfg.infer_config())
+        serving = any(topo.of_type(t) for t in cfg.infer_devices.split("+"))
+        self.infer = Inference(ctx, cfg.infer_config()) if serving else None
         self.batches = 0
 
     def describe(self) -> dict[str, object]:
         train = self.train.describe()
-        return {**train, "kind": "mixed", "infer": self.infer.describe(),
+        infer = self.infer.describe() if self.infer else None
+        return {**train, "kind": "mixed", "infer": infer,
                 **{k: v for k, v in asdict(self.cfg).items() if k.startswith(_INFER_PREFIX)}}  # fmt: skip
 
     def step(self, s: int) -> float:
         """Training step `s`, then the inference batches that arrived by its end; returns the
         later of the two ends (virtual ns), so a paced run never shows work from its future."""
         end = self.train.step(s)
-        last = end
-        inf = self.infer
-        while (inf.queue[0][0] if inf.queue else inf.next_arrival) < end:
+        last, inf = end, self.infer
+        while inf and (inf.queue[0][0] if inf.queue else inf.next_arrival) < end:
             last = max(last, inf.step(self.batches))
             self.batches += 1
         return last

@@ -94,3 +94,14 @@ def test_mixed_knobs_are_checked(tmp_path):
             options={"host_load_flops_per_byte": -1},
             progress=False,
         )
+
+
+def test_mixed_on_a_rack_without_npus_only_trains(tmp_path):
+    r = emulate(
+        topology="pcie8", workload="mixed", steps=1, seed=1, out=tmp_path / "p", progress=False
+    )
+    assert r.workload["infer"] is None
+    types = {
+        t for (t,) in _q(r.out, "SELECT DISTINCT chip_type FROM spans WHERE chip_id IS NOT NULL")
+    }
+    assert types == {"gpu", "cpu", "dpu", "nic", "switch"}
