@@ -58,3 +58,23 @@ class Fabric:
                 tb.add(trace, name, starts, starts + float(dur[through].max()), parent, chip=int(s),
                        op="comm", nbytes=int(round(float(r.nbytes[through].sum()))))  # fmt: skip
             t += step * r.repeat
+
+    def forward_union(self, switch: np.ndarray, starts: np.ndarray, ends: np.ndarray, nbytes: float,
+                      trace: int, parent: int, caused: np.ndarray) -> None:  # fmt: skip
+        """`forward` spans for transfers through `switch` (span-table indices): transfers
+        that overlap on one switch make one span over their union with their summed bytes,
+        so a chip's op spans never overlap (the viewer sums busy time per chip). Each span
+        links to the spans in `caused` (the transfers' receiving ops) it covers."""
+        tb = self.ctx.table
+        rows: list[tuple[int, float, float, int, list[int]]] = []
+        for i in np.lexsort((starts, switch)):
+            sw, a, b = int(switch[i]), float(starts[i]), float(ends[i])
+            if rows and rows[-1][0] == sw and a < rows[-1][2]:
+                _, a0, b0, n0, ids = rows[-1]
+                rows[-1] = (sw, a0, max(b0, b), n0 + 1, [*ids, int(caused[i])])
+            else:
+                rows.append((sw, a, b, 1, [int(caused[i])]))
+        tb.add(trace, tb.name("forward"), np.array([r[1] for r in rows]), np.array([r[2] for r in rows]), parent,
+               chip=np.array([r[0] for r in rows]), op="comm",
+               nbytes=np.array([round(r[3] * nbytes) for r in rows], np.int64),
+               links=[[(trace, x) for x in r[4]] for r in rows])  # fmt: skip

@@ -86,8 +86,9 @@ class Ingest:
                 tb, routes, starts[wired], ends[wired], trace, parent, "rx.wire", nbytes, op="io"
             )
             sw = np.array([self.fabric.switches_of(r.dirs)[0] for r in routes])
-            tb.add(trace, tb.name("forward"), starts[wired], ends[wired], parent, chip=sw, op="comm",
-                   nbytes=int(nbytes), links=[[(trace, int(rx[i]))] for i in wired])  # fmt: skip
+            self.fabric.forward_union(
+                sw, starts[wired], ends[wired], nbytes, trace, parent, rx[wired]
+            )
         return starts, ends
 
     def _load(

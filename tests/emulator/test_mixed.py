@@ -43,14 +43,18 @@ def test_mixed_times_come_from_the_model(tmp_path):
     # A NIC burst moves input_mb at the 50 GB/s Ethernet uplink plus one 2.5 us hop.
     (rx,) = _q(r.out, "SELECT DISTINCT duration_ns, op_bytes FROM spans WHERE name = 'rx'")
     assert rx[1] == 64_000_000 and rx[0] == pytest.approx(64e6 / 50e9 * 1e9 + 2500, abs=2)
-    # Each CPU loads its ranks' input one after another: its load spans never overlap.
+    # Each chip does one op at a time (a CPU loads its ranks' inputs one after another, a
+    # switch forwarding two NICs' bursts at once shows one span): no op spans overlap on a chip.
     overlaps = _q(
         r.out,
         """SELECT count(*) FROM spans a JOIN spans b ON a.chip_id = b.chip_id
-        AND a.span_id < b.span_id AND a.start_ns < b.end_ns AND b.start_ns < a.end_ns
-        WHERE a.name = 'load' AND b.name = 'load'""",
+        AND a.span_id < b.span_id AND a.start_ns < b.end_ns AND b.start_ns < a.end_ns""",
     )
     assert overlaps == [(0,)]
+    (fwd,) = _q(r.out, "SELECT count(*), sum(op_bytes) FROM spans WHERE chip_id = 'switch:1'")
+    # Each NIC receives its 4 ranks' bursts back to back, both NICs at once: the Ethernet
+    # switch shows 4 merged slots a step, carrying all 8 ranks' input.
+    assert fwd == (2 * 4, 2 * 8 * 64_000_000)
     # A DPU preprocesses an input only once one has arrived: per DPU, its i-th preprocess
     # starts after its i-th arrival (h2dpu copy) ends.
     rows = _q(
