@@ -132,15 +132,23 @@ class Inference:
 
     def step(self, i: int) -> float:
         """Form, place and emit batch i; returns when it finishes (virtual ns)."""
-        from chiptrace.emulator.infer_spans import emit_batch
-
         close, batch = self._form_batch()
+        return self.run_batch(i, close, batch)
+
+    def place(self, i: int, close: float, batch: list[tuple[float, int, int]]) -> tuple[str, float]:
+        """(device, start) of batch i, closed at `close`, under the run's schedule policy."""
         if self.ctx.schedule == "dynamic":  # earliest finish time, given each device's queue
             est = {d: max(close, self.free[d]) - close + _total(self.costs(d, batch)) for d in self.devices}
             device = assign([f"b{i}"], self.devices, est, dict.fromkeys(self.devices, 0.0), "dynamic")[f"b{i}"]
         else:
             device = self.devices[i % len(self.devices)]
-        start = max(close, self.free[device]) + self.ctx.delay.get(device, 0.0)
+        return device, max(close, self.free[device]) + self.ctx.delay.get(device, 0.0)
+
+    def run_batch(self, i: int, close: float, batch: list[tuple[float, int, int]]) -> float:
+        """Place and emit a formed batch i; returns when it finishes (virtual ns)."""
+        from chiptrace.emulator.infer_spans import emit_batch
+
+        device, start = self.place(i, close, batch)
         end = emit_batch(self, device, batch, start)
         self.free[device] = end
         return end

@@ -4,8 +4,8 @@ Data-parallel training runs on the GPUs with its input coming in over the networ
 NICs receive it, the Ethernet switch forwards it, the CPUs decode and tokenize it, the DPUs
 preprocess it: see ingest.py) and its all-reduce forwarded by the NVLink switch (fabric.py),
 while the NPUs serve an inference request stream (infer.py, `devices=npu`). A step is one
-training step plus every inference batch whose requests arrived before that step ended, so
-both share the run's clock, table and seeded generator.
+training step plus every inference batch that finishes by that step's end; both share the
+run's clock, table and seeded generator.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from chiptrace.emulator.context import Context
-from chiptrace.emulator.infer import InferConfig, Inference
+from chiptrace.emulator.infer import InferConfig, Inference, _total
 from chiptrace.emulator.train import TrainConfig, Training
 
 _INFER_PREFIX = "infer_"
@@ -62,6 +62,8 @@ class Mixed:
         serving = any(topo.of_type(t) for t in cfg.infer_devices.split("+"))
         self.infer = Inference(ctx, cfg.infer_config()) if serving else None
         self.batches = 0
+        # A batch formed (its requests taken from the queue) but not run yet: it ends later.
+        self.pending: tuple[float, list[tuple[float, int, int]]] | None = None
 
     def describe(self) -> dict[str, object]:
         train = self.train.describe()
@@ -70,11 +72,22 @@ class Mixed:
                 **{k: v for k, v in asdict(self.cfg).items() if k.startswith(_INFER_PREFIX)}}  # fmt: skip
 
     def step(self, s: int) -> float:
-        """Training step `s`, then the inference batches that arrived by its end; returns the
-        later of the two ends (virtual ns), so a paced run never shows work from its future."""
+        """Training step `s`, then every inference batch that finishes by its end (a batch
+        still running waits for a later step): a paced run hands spans over at the step's
+        end, so a live view never shows work from its future, and its window, which ends at
+        the last span, sees both workloads up to the same instant. Returns the step's end."""
         end = self.train.step(s)
         last, inf = end, self.infer
-        while inf and (inf.queue[0][0] if inf.queue else inf.next_arrival) < end:
-            last = max(last, inf.step(self.batches))
+        while inf is not None:
+            if self.pending is None:
+                if not inf.queue and inf.next_arrival >= end:
+                    break
+                self.pending = inf._form_batch()
+            close, batch = self.pending
+            device, start = inf.place(self.batches, close, batch)
+            if start + _total(inf.costs(device, batch)) > end:
+                break
+            last = max(last, inf.run_batch(self.batches, close, batch))
+            self.pending = None
             self.batches += 1
         return last
