@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from chiptrace.emulator.context import Context
+from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.infer import InferConfig, Inference, _total
 from chiptrace.emulator.train import TrainConfig, Training
 
@@ -44,7 +45,12 @@ class MixedConfig(TrainConfig):
 
     def check(self) -> None:
         super().check()
-        self.infer_config().check()
+        try:
+            self.infer_config().check()
+        except WorkloadError as e:  # name the knob as the user spelled it
+            raise WorkloadError(
+                str(e).replace("workload ", f"workload {_INFER_PREFIX}", 1)
+            ) from None
 
 
 class Mixed:

@@ -82,7 +82,7 @@ def test_mixed_same_seed_same_table(tmp_path):
 
 
 def test_mixed_knobs_are_checked(tmp_path):
-    with pytest.raises(WorkloadError, match="devices"):
+    with pytest.raises(WorkloadError, match="infer_devices = 'tpu'"):
         emulate(
             workload="mixed",
             steps=1,
