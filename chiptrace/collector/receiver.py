@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from concurrent import futures
@@ -25,6 +26,8 @@ from chiptrace.collector.decode import Decoded, DecodeError, decode
 from chiptrace.errors import ConfigError
 
 log = logging.getLogger("chiptrace")
+
+_REFUSAL_LOG_INTERVAL_S = 5.0
 
 TRACES_PATH = "/v1/traces"
 GRPC_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -110,6 +113,8 @@ class OtlpReceiver:
         self.grpc_port: int | None = None
         self._inflight = 0
         self._closing = False
+        self._refused_spans = 0
+        self._last_refusal_log = -_REFUSAL_LOG_INTERVAL_S
         self._idle = threading.Condition()
 
     # ------------------------------------------------------------ lifecycle
@@ -199,10 +204,22 @@ class OtlpReceiver:
                 if self.on_batch(decoded.batch) is False:
                     raise RuntimeError("the store's buffer is full or closing")
             except Exception as e:  # noqa: BLE001 - the client must hear it; the server goes on
-                log.warning("chiptrace: could not take %d spans: %s", decoded.batch.num_rows, e)
+                self._warn_refused(decoded.batch.num_rows, e)
                 raise RequestError(503, f"could not store spans: {e}") from None
         self.stats.add(decoded.batch.num_rows, decoded.rejected)
         return decoded
+
+    def _warn_refused(self, spans: int, error: Exception) -> None:
+        """One warning per interval with a count, not one per request: a busy client
+        retrying against a full store would otherwise flood the log (and can block the
+        server outright when stderr is a pipe nobody drains)."""
+        now = time.monotonic()
+        with self._idle:
+            self._refused_spans += spans
+            if now - self._last_refusal_log < _REFUSAL_LOG_INTERVAL_S:
+                return
+            self._last_refusal_log, count, self._refused_spans = now, self._refused_spans, 0
+        log.warning("chiptrace: refused %d spans (503) since the last warning: %s", count, error)
 
     def _grpc_export(self, request: bytes, context: Any) -> bytes:
         import grpc
