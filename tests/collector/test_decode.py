@@ -107,3 +107,44 @@ def test_damaged_bodies_raise_decode_error_or_decode() -> None:
 def test_json_with_bad_ids_is_a_decode_error() -> None:
     with pytest.raises(DecodeError, match="expected hex"):
         decode(b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"spanId":"xyz"}]}]}]}', "application/json")
+
+
+def test_any_field_order_decodes_like_the_reference() -> None:
+    """The SDK-order fast path must not misread a span whose fields come in another order
+    (protobuf allows any), nor a root span, an empty name or a missing kind."""
+    from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+    from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
+
+    rng = random.Random(11)
+    spans = []
+    for k in range(60):
+        fields = [
+            Span(trace_id=bytes([k + 1]) * 16), Span(span_id=bytes([k + 1]) * 8),
+            Span(name="op" * (k % 3)), Span(start_time_unix_nano=1_000 + k), Span(end_time_unix_nano=5_000 + k),
+        ]  # fmt: skip
+        if k % 2:
+            fields.append(Span(parent_span_id=bytes([k]) * 8))
+        if k % 4:
+            fields.append(Span(kind=1 + k % 5))
+        if k % 5 == 0:
+            fields.append(Span(flags=0x101))
+        if k % 3 == 0:
+            fields.append(Span(attributes=[{"key": "chip.id", "value": {"string_value": f"gpu:{k % 8}"}}]))
+        if k >= 20:
+            rng.shuffle(fields)  # the first 20 keep SDK order
+        spans.append(b"".join(f.SerializeToString() for f in fields))
+    # Built by hand: re-serializing a parsed message would restore field-number order.
+    scope = ScopeSpans(scope=InstrumentationScope(name="s")).SerializeToString()
+    scope += b"".join(b"\x12" + _len(s) + s for s in spans)
+    rs = b"\x12" + _len(scope) + scope
+    assert len(_reference(b"\x0a" + _len(rs) + rs)) == 60
+    _check(b"\x0a" + _len(rs) + rs)
+
+
+def _len(b: bytes) -> bytes:
+    n, out = len(b), bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
