@@ -164,10 +164,15 @@ def _wrap_function(fn: Callable[P, R], name: str, tags: Tags, kind: int) -> Call
         parent = ctx.get(span_key)
         if parent.__class__ is span_cls:
             span = span_cls(parent.trace_id, randbits(64) or 1, parent.span_id, name, kind, tags)
+        elif parent is None and state.remote_root is None:  # a root span
+            span = span_cls(randbits(128).to_bytes(16, "big"), randbits(64) or 1, 0, name, kind, tags)
+        else:  # a remote or an OpenTelemetry parent: the general path
+            span = None
+        if span is None:
+            span, token = _open(name, tags, kind)
+        else:
             token = set_context(ctx_cls({**ctx, span_key: span}))
             span.start_ns = time_ns()
-        else:  # a root, or an OpenTelemetry parent: the general path
-            span, token = _open(name, tags, kind)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
