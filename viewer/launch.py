@@ -170,9 +170,11 @@ def live_app(out: str | Path, target: Callable[[SpanFeed], Any], name: str):  # 
     from chiptrace.viewer.sources import FeedSource
 
     run = LiveRun(target)
-    # Emulated steps last tens of ms: 1 ms buckets, a 100 ms window.
-    app = ViewerApp([FeedSource(out, name=name)], feed=run.feed, bucket_ns=DEFAULT_BUCKET_NS // 10,
-                    window_ns=DEFAULT_BUCKET_NS * 10)  # fmt: skip
+    # A 1 s window of 10 ms buckets. Shorter windows show the host path (NIC, CPU, DPU) and
+    # the NPUs at 0%: the emulator prefetches a step's input a step (~80 ms) ahead, and those
+    # spans arrive with the step they feed, after the window has moved past them.
+    app = ViewerApp([FeedSource(out, name=name)], feed=run.feed, bucket_ns=DEFAULT_BUCKET_NS,
+                    window_ns=DEFAULT_BUCKET_NS * 100)  # fmt: skip
     run.app = app
     return app, run
 

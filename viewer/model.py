@@ -275,7 +275,9 @@ class LiveModel:
         wb = int(min(max(1, window_ns // b), self.n_buckets))
         cells = max(1, min(cells, self.n_buckets // wb))
         head = max(self.head, 0)
-        since = (head - wb + 1) * b
+        # A window reaching back before the first data (a run's first seconds, a short
+        # trace) is measured from that data on: time before it is not idle time.
+        since = max((head - wb + 1) * b, self.first * b)
         until = max(min((head + 1) * b, self.head_ns), since + 1)
         first = head - cells * wb + 1
         idx = np.arange(first, head + 1)

@@ -152,8 +152,11 @@ async def test_emulator_feeds_the_viewer_in_process(tmp_path: Path) -> None:
             if app.model.spans_total >= run.result.spans:
                 break
             await pilot.pause(0.05)
+        assert app.window_ns == 1_000_000_000  # the live default: holds all 3 steps
+        await pilot.press("+", "+", "+")  # zoom in to the last 100 ms: steady state
         app.refresh_dashboard()
         await pilot.pause()
+        assert app.window_ns == 100_000_000
         assert app.model.spans_total == run.result.spans
         assert len(app.snapshot.chips["gpu"]) == 8
         # The degraded link: busy all the window at a few % of its nominal bandwidth.
