@@ -10,7 +10,7 @@ NAME = "emulate"
 ORDER = 5
 HELP = "run a workload on an emulated rack (six chip types, links, faults) into a trace dir"
 DESCRIPTION = (
-    "Run a training or inference workload on a discrete-event model of a rack and write one "
+    "Run a training, inference or mixed workload on a discrete-event model of a rack and write one "
     "span per chip op and per link transfer. Example: chiptrace emulate --topology rack6 "
     "--workload train --steps 20 --seed 1 --out DIR --fault slow:gpu:3:4"
 )
@@ -18,7 +18,7 @@ DESCRIPTION = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default="rack6", help="preset (rack6, nvl72, pcie8) or a TOML path")
-    p.add_argument("--workload", default="train", help="train or infer")
+    p.add_argument("--workload", default="train", help="train, infer or mixed (train on GPUs + serve on NPUs)")
     p.add_argument("--steps", type=int, default=20, help="training steps or inference batches")
     p.add_argument("--seed", type=int, default=0, help="same seed, same spans (ids included)")
     p.add_argument("--out", metavar="DIR", help="trace dir (default: ./chiptrace-traces/emulate-<time>)")
