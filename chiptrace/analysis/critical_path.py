@@ -30,7 +30,7 @@ _MIN_SLACK_NS = 2_000
 
 
 class _Span:
-    __slots__ = ("id", "row", "start", "end", "parent", "children", "last_leaf", "resource")
+    __slots__ = ("id", "row", "start", "end", "parent", "children", "child_ends", "last_leaf", "resource")
 
     def __init__(self, row: Mapping[str, Any]) -> None:
         self.id: str = row["span_id"]
@@ -39,6 +39,7 @@ class _Span:
         self.end: int = int(row["end_ns"])
         self.parent: _Span | None = None
         self.children: list[_Span] = []
+        self.child_ends: list[int] = []  # children's ends, in order, for bisect
         self.last_leaf: _Span = self
         if row.get("link_id"):
             self.resource: Any = ("link", row["link_id"], row.get("link_src"), row.get("link_dst"))
@@ -79,7 +80,19 @@ class _Graph:
         if root_id is not None and root_id in self.spans:
             return self.spans[root_id]
         roots = [s for s in self.spans.values() if s.parent is None]
-        return max(roots, key=lambda s: (s.end - s.start, -s.start))
+        top = max(roots, key=lambda s: (s.end - s.start, -s.start))
+        if root_id is not None or all(r.start >= top.start and r.end <= top.end for r in roots):
+            return top
+        # Parentless spans that reach outside the longest one (a trace of loose spans, or a
+        # trace whose root was not collected): the trace as a whole is the step, under a
+        # virtual root that spans them all.
+        row = {"span_id": "", "name": "(trace)", "trace_id": top.row.get("trace_id"),
+               "start_ns": min(r.start for r in roots), "end_ns": max(r.end for r in roots)}  # fmt: skip
+        virtual = _Span(row)
+        for r in roots:
+            r.parent = virtual
+            virtual.children.append(r)
+        return virtual
 
     def _index(self, root: _Span) -> None:
         # Iterative post-order: deep traces must not hit the recursion limit.
@@ -88,6 +101,7 @@ class _Graph:
             s = stack.pop()
             order.append(s)
             s.children.sort(key=lambda c: c.end)
+            s.child_ends = [c.end for c in s.children]
             stack.extend(s.children)
         for s in reversed(order):
             if s.children:
@@ -105,7 +119,7 @@ class _Graph:
             leaf = dep.last_leaf
             if leaf.end <= bound and leaf.start < s.start and (best is None or leaf.end > best.end):
                 best, via = leaf, "link"
-        if s.resource is not None:
+        if s.resource in self.res_ends:  # not when s is the root itself (a one-span step)
             lst, ends = self.by_resource[s.resource], self.res_ends[s.resource]
             i = bisect.bisect_right(ends, bound) - 1
             while i >= 0 and (lst[i] is s or lst[i].start >= s.start):
@@ -119,7 +133,7 @@ class _Graph:
         node = s
         while node is not self.root and node.parent is not None:
             sibs = node.parent.children
-            i = bisect.bisect_right([c.end for c in sibs], bound) - 1
+            i = bisect.bisect_right(node.parent.child_ends, bound) - 1
             while i >= 0 and (sibs[i] is node or sibs[i].last_leaf.start >= s.start):
                 i -= 1
             if i >= 0:

@@ -87,3 +87,20 @@ def test_critical_path_of_any_step(tmp_path: Path) -> None:
     # no overlap: the all-reduce runs after backward, so both sit on the path
     assert {"bwd", "allreduce"} <= {s.name for s in path.segments}
     assert ta.critical_path("0" * 32) is None
+
+
+def test_loose_parentless_spans_get_a_virtual_root() -> None:
+    """A trace of parentless chip spans (loose spans, or a root that was never collected):
+    the path covers the whole trace, not just its longest span, and a one-span step on a
+    chip works too (it once raised KeyError)."""
+    rows = [
+        {"span_id": "a", "parent_span_id": None, "name": "a", "start_ns": 0, "end_ns": 40, "chip_id": "gpu:0", "chip_type": "gpu"},
+        {"span_id": "b", "parent_span_id": "gone", "name": "b", "start_ns": 40, "end_ns": 100, "chip_id": "gpu:0", "chip_type": "gpu"},
+        {"span_id": "c", "parent_span_id": None, "name": "c", "start_ns": 110, "end_ns": 150, "chip_id": "gpu:1", "chip_type": "gpu"},
+    ]  # fmt: skip
+    path = critical_path(rows)
+    assert path.root == "(trace)" and (path.start_ns, path.end_ns) == (0, 150)
+    assert _names(path) == ["a", "b", "c"]
+    assert sum(s.on_path_ns for s in path.segments) == 150
+    one = critical_path(rows[:1])
+    assert _names(one) == ["a"] and one.duration_ns == 40
