@@ -75,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
         where.append(f"grpc://{receiver._grpc_addr[0]}:{receiver.grpc_port}")
     print(f"collecting OTLP on {' and '.join(where)} into {args.out}", flush=True)
     try:
-        stop.wait()
+        # Poll: a signal the kernel hands to another thread would never wake a plain wait()
+        # (the handler runs only when the main thread runs bytecode again).
+        while not stop.wait(0.2):
+            pass
     finally:
         receiver.stop()  # no new acknowledgements from here on
         recorder.shutdown()  # writes everything acknowledged

@@ -112,8 +112,12 @@ def _wait(proc: subprocess.Popen[Any]) -> int:
     try:
         while True:
             try:
-                rc = proc.wait()
+                # A timeout, so the main thread runs our SIGTERM handler even when the
+                # kernel delivers the signal to another thread (the host sampler's).
+                rc = proc.wait(timeout=0.2)
                 break
+            except subprocess.TimeoutExpired:
+                continue
             except KeyboardInterrupt:
                 continue
     finally:
