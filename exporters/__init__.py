@@ -2,8 +2,9 @@
 
 - `otlp.export_dirs(DIR, "http://127.0.0.1:4318")`, `otlp.OtlpSink(endpoint)`: OTLP/HTTP and
   OTLP/gRPC, encoded straight from the stored Arrow columns (`otlp_encode`).
-- `jaeger.write_jaeger_json(table, path)`, `jaeger.read_jaeger_json(path)`.
-- `chrome.write_chrome_json(table, path)`: Trace Event Format for Perfetto / chrome://tracing.
+- `jaeger.write_jaeger_json(spans, path)`, `jaeger.read_jaeger_json(path)`.
+- `chrome.write_chrome_json(spans, path)`: Trace Event Format for Perfetto / chrome://tracing.
+  Both stream to the file (spans: a table or a SpanSource) and rename it into place.
 - `source.SpanSource(DIR, SpanFilter(...))`: the filtered spans every format reads.
 
 Submodules import lazily: `import chiptrace.exporters` loads nothing heavy.

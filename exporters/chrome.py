@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
-from typing import Any
+from typing import Any, TextIO
 
 import pyarrow as pa
 from chiptrace.exporters import attributes as A
+from chiptrace.exporters.source import SpanSource
+from chiptrace.exporters.textfile import write_text
 
-from chiptrace.errors import ChiptraceError
 from chiptrace.schema import CHIP_TYPES
 
 
@@ -50,58 +50,101 @@ def assign_lanes(spans: list[tuple[int, int, int]]) -> dict[int, int]:
     Returns:
         key -> lane (0 is the track itself).
     """
-    lanes: list[list[int]] = []  # per lane, the end times of the open (enclosing) slices
-    out: dict[int, int] = {}
-    for start, end, key in sorted(spans, key=lambda s: (s[0], -s[1])):
-        for i, stack in enumerate(lanes):
-            while stack and stack[-1] <= start:
-                stack.pop()
-            if not stack or stack[-1] >= end:
-                stack.append(end)
-                out[key] = i
-                break
-        else:
-            lanes.append([end])
-            out[key] = len(lanes) - 1
-    return out
+    lanes: list[list[int]] = []
+    return {key: _place(lanes, start, end) for start, end, key in sorted(spans, key=lambda s: (s[0], -s[1]))}
 
 
 def _us(ns: int) -> float:
     return round(ns / 1000, 3)
 
 
-class _Builder:
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-        self.t0 = min((r["start_ns"] for r in rows), default=0)
-        self.events: list[dict[str, Any]] = []
-        self.where: dict[str, tuple[int, int, dict[str, Any]]] = {}  # span id -> pid, tid, row
+# The track of a span, in SQL, and its display name: the chip, else the link, else the
+# service (what _track_key orders in Python).
+_TRACK_SQL = """CASE WHEN coalesce(chip_id, '') <> '' THEN chip_id
+     WHEN coalesce(link_id, '') <> '' THEN link_id
+     ELSE coalesce(nullif(service, ''), 'spans') END"""
+_HOST_SQL = "coalesce(nullif(host, ''), 'host')"
 
-    def build(self) -> list[dict[str, Any]]:
-        hosts = sorted({r.get("host") or "host" for r in self.rows})
+
+class _Writer:
+    """Streams a Trace Event Format document: slices track by track in (start, -end)
+    order, lanes assigned online, then flows by a join in DuckDB. Memory: one record batch
+    of rows, plus (trace id, span id, pid, tid) per span in Arrow for the flow join."""
+
+    def __init__(self, source: SpanSource, fh: TextIO) -> None:
+        self.source, self.fh = source, fh
+        self.t0 = 0
+        self.slices = 0
+        self._first = True
+
+    def _emit(self, events: list[dict[str, Any]]) -> None:
+        if events:
+            text = json.dumps(events, separators=(",", ":"))[1:-1]  # one C call per batch
+            self.fh.write(text if self._first else "," + text)
+            self._first = False
+
+    def run(self) -> int:
+        con = self.source.con
+        tracks = list(self.source.stream(
+            f"SELECT {_HOST_SQL} AS h, {_TRACK_SQL} AS track, any_value(chip_id) AS chip_id, "
+            "any_value(chip_type) AS chip_type, any_value(link_id) AS link_id, "
+            "any_value(service) AS service, min(start_ns) AS t0 FROM selected GROUP BY ALL"))  # fmt: skip
+        rows = pa.Table.from_batches(tracks).to_pylist() if tracks else []
+        self.t0 = min((r["t0"] for r in rows), default=0)
+        hosts = sorted({r["h"] for r in rows})
         pids = {h: i + 1 for i, h in enumerate(hosts)}
+        meta: list[dict[str, Any]] = []
         for h, pid in pids.items():
-            self.events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": h}})
-            self.events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
-        tracks: dict[tuple[str, tuple[int, str, str]], list[int]] = {}
-        for i, r in enumerate(self.rows):
-            tracks.setdefault((r.get("host") or "host", _track_key(r)), []).append(i)
-        tid = 0
-        for (host, key), idx in sorted(tracks.items(), key=lambda kv: (kv[0][0], kv[0][1][:2])):
-            lanes = assign_lanes([(self.rows[i]["start_ns"], self.rows[i]["end_ns"], i) for i in idx])
-            tids = {}
-            for lane in range(max(lanes.values()) + 1):
-                tid += 1
-                tids[lane] = tid
-                name = key[2] if lane == 0 else f"{key[2]} #{lane + 1}"
-                self.events.append({"ph": "M", "name": "thread_name", "pid": pids[host], "tid": tid, "args": {"name": name}})
-                self.events.append({"ph": "M", "name": "thread_sort_index", "pid": pids[host], "tid": tid, "args": {"sort_index": tid}})
-            for i in idx:
-                self._slice(self.rows[i], pids[host], tids[lanes[i]])
+            meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": h}})
+            meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        order = sorted(rows, key=lambda r: (r["h"], _track_key(r)[:2]))
+        ranks = pa.table({"h": [r["h"] for r in order], "track": [r["track"] for r in order],
+                          "rank": list(range(len(order)))})  # fmt: skip
+        names = [_track_key(r)[2] for r in order]
+        con.register("chiptrace_tracks", ranks)
+        self.fh.write('{"traceEvents":[')
+        self._emit(meta)
+        placed = self._slices(pids, names)
+        con.register("chiptrace_placed", placed)
         self._flows()
-        return self.events
+        self.fh.write(f'],"displayTimeUnit":"ns","otherData":{{"generator":"chiptrace",'
+                      f'"t0_unix_ns":{self.t0},"spans":{self.slices}}}}}')  # fmt: skip
+        return self.slices
 
-    def _slice(self, row: dict[str, Any], pid: int, tid: int) -> None:
+    def _slices(self, pids: dict[str, int], names: list[str]) -> pa.Table:
+        sql = (f"SELECT s.*, t.rank AS _rank, t.h AS _h FROM selected s JOIN chiptrace_tracks t "
+               f"ON t.h = {_HOST_SQL.replace('host', 's.host')} AND t.track = "
+               f"{_TRACK_SQL.replace('chip_id', 's.chip_id').replace('link_id', 's.link_id').replace('service', 's.service')} "
+               "ORDER BY t.rank, s.start_ns, s.end_ns DESC, s.span_id")  # fmt: skip
+        rank, lanes, tids, tid = -1, [], {}, 0
+        placed: list[pa.Table] = []
+        for batch in self.source.stream(sql):
+            events: list[dict[str, Any]] = []
+            batch_pids, batch_tids = [], []
+            for row in batch.to_pylist():
+                if row["_rank"] != rank:  # the next track: fresh lanes
+                    rank, lanes, tids = row["_rank"], [], {}
+                pid = pids[row["_h"]]
+                lane = _place(lanes, row["start_ns"], row["end_ns"])
+                if lane not in tids:
+                    tid += 1
+                    tids[lane] = tid
+                    name = names[rank] if lane == 0 else f"{names[rank]} #{lane + 1}"
+                    events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+                    events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+                self._slice(events, row, pid, tids[lane])
+                batch_pids.append(pid)
+                batch_tids.append(tids[lane])
+            self._emit(events)
+            self.slices += batch.num_rows
+            placed.append(pa.table({
+                "trace_id": batch.column("trace_id"), "span_id": batch.column("span_id"),
+                "pid": pa.array(batch_pids, pa.int32()), "tid": pa.array(batch_tids, pa.int32()),
+            }))  # fmt: skip
+        schema = pa.schema([("trace_id", pa.binary()), ("span_id", pa.binary()), ("pid", pa.int32()), ("tid", pa.int32())])
+        return pa.concat_tables(placed) if placed else schema.empty_table()
+
+    def _slice(self, events: list[dict[str, Any]], row: dict[str, Any], pid: int, tid: int) -> None:
         args: dict[str, Any] = {
             "trace_id": A.hex_id(row["trace_id"]),
             "span_id": A.hex_id(row["span_id"]),
@@ -113,64 +156,85 @@ class _Builder:
         args.update(A.attributes(row))
         if row.get("status_code") == 2:
             args["status"] = "ERROR" + (f": {row['status_message']}" if row.get("status_message") else "")
-        self.events.append({
+        events.append({
             "ph": "X", "name": row["name"], "cat": row.get("op_kind") or "span",
             "ts": _us(row["start_ns"] - self.t0), "dur": _us(row["end_ns"] - row["start_ns"]),
             "pid": pid, "tid": tid, "args": args,
         })  # fmt: skip
         for ev in A.events(row):
-            self.events.append({
+            events.append({
                 "ph": "i", "s": "t", "name": str(ev.get("name", "")), "pid": pid, "tid": tid,
                 "ts": _us(int(ev.get("time_ns", row["start_ns"])) - self.t0),
                 "args": ev.get("attributes") or {},
             })  # fmt: skip
-        self.where[args["span_id"]] = (pid, tid, row)
 
     def _flows(self) -> None:
+        """A flow from each transfer to the span it feeds: the span links to it (the
+        `links` column), or is its child. One end must be a transfer: flows show data
+        movement. "s" binds to the slice enclosing its ts, so it sits on the transfer's
+        last nanosecond."""
+        sql = """
+        WITH edges AS (
+            SELECT 'parent' AS via, s.trace_id AS dt, s.span_id AS ds, s.trace_id AS st,
+                   s.parent_span_id AS ss
+            FROM selected s WHERE s.parent_span_id IS NOT NULL
+            UNION ALL
+            SELECT 'link', dt, ds, coalesce(from_hex(nullif(lk ->> 'trace_id', '')), dt),
+                   from_hex(lk ->> 'span_id')
+            FROM (SELECT s.trace_id AS dt, s.span_id AS ds, unnest(json_extract(s.links, '$[*]')) AS lk
+                  FROM selected s WHERE s.links IS NOT NULL AND json_valid(s.links)
+                  AND json_type(s.links) = 'ARRAY')
+            WHERE regexp_full_match(coalesce(lk ->> 'span_id', ''), '([0-9a-fA-F]{2})+')
+              AND regexp_full_match(coalesce(lk ->> 'trace_id', ''), '(([0-9a-fA-F]{2})+)?')
+        )
+        SELECT DISTINCT sp.pid AS spid, sp.tid AS stid, greatest(src.start_ns, src.end_ns - 1) AS s_ts,
+               dp.pid AS dpid, dp.tid AS dtid, dst.start_ns AS d_ts
+        FROM edges e
+        JOIN selected src ON src.trace_id = e.st AND src.span_id = e.ss
+        JOIN selected dst ON dst.trace_id = e.dt AND dst.span_id = e.ds
+        JOIN chiptrace_placed sp ON sp.trace_id = e.st AND sp.span_id = e.ss
+        JOIN chiptrace_placed dp ON dp.trace_id = e.dt AND dp.span_id = e.ds
+        WHERE (e.st <> e.dt OR e.ss <> e.ds)
+          AND (coalesce(src.link_id, '') <> ''
+               OR e.via = 'link' AND coalesce(dst.link_id, '') <> '')
+        ORDER BY d_ts, s_ts, dpid, dtid, spid, stid
+        """
         flow_id = 0
-        for span_id, (pid, tid, row) in self.where.items():
-            sources = [lk["span_id"] for lk in A.links(row)]
-            if row.get("parent_span_id") is not None:
-                parent = A.hex_id(row["parent_span_id"])
-                if parent in self.where and self.where[parent][2].get("link_id"):
-                    sources.append(parent)
-            for src in sources:
-                if src not in self.where or src == span_id:
-                    continue
-                spid, stid, srow = self.where[src]
-                if not srow.get("link_id") and not row.get("link_id"):
-                    continue  # flows show data movement: one end must be a transfer
+        for batch in self.source.stream(sql):
+            events: list[dict[str, Any]] = []
+            for f in batch.to_pylist():
                 flow_id += 1
-                # "s" binds to the slice enclosing its ts: the transfer's last nanosecond.
-                s_ts = max(srow["start_ns"], srow["end_ns"] - 1)
-                self.events.append({"ph": "s", "id": flow_id, "name": "feeds", "cat": "flow",
-                                    "pid": spid, "tid": stid, "ts": _us(s_ts - self.t0)})
-                self.events.append({"ph": "f", "bp": "e", "id": flow_id, "name": "feeds", "cat": "flow",
-                                    "pid": pid, "tid": tid, "ts": _us(row["start_ns"] - self.t0)})
+                events.append({"ph": "s", "id": flow_id, "name": "feeds", "cat": "flow",
+                               "pid": f["spid"], "tid": f["stid"], "ts": _us(f["s_ts"] - self.t0)})  # fmt: skip
+                events.append({"ph": "f", "bp": "e", "id": flow_id, "name": "feeds", "cat": "flow",
+                               "pid": f["dpid"], "tid": f["dtid"], "ts": _us(f["d_ts"] - self.t0)})  # fmt: skip
+            self._emit(events)
 
 
-def to_chrome(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """A Trace Event Format document (JSON object form) from span rows."""
-    rows = list(rows)
-    builder = _Builder(rows)
-    events = builder.build()
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ns",
-        "otherData": {"generator": "chiptrace", "t0_unix_ns": builder.t0, "spans": len(rows)},
-    }
+def _place(lanes: list[list[int]], start: int, end: int) -> int:
+    """The first lane where [start, end) nests, given spans in (start, -end) order; each
+    lane holds the end times of its open (enclosing) slices."""
+    for i, stack in enumerate(lanes):
+        while stack and stack[-1] <= start:
+            stack.pop()
+        if not stack or stack[-1] >= end:
+            stack.append(end)
+            return i
+    lanes.append([end])
+    return len(lanes) - 1
 
 
-def write_chrome_json(table: pa.Table, path: str | os.PathLike[str]) -> int:
-    """Write spans as Chrome/Perfetto JSON; returns the number of slices written.
+def write_chrome_json(spans: pa.Table | SpanSource, path: str | os.PathLike[str]) -> int:
+    """Write spans as Chrome/Perfetto JSON, streamed; returns the number of slices written.
+
+    Args:
+        spans: a table of spans_raw columns, or a SpanSource (trace dirs and filters).
+        path: the file (written under a temporary name, renamed when complete), or `-`.
 
     Raises:
         ChiptraceError: the file cannot be written.
     """
-    doc = to_chrome(table.to_pylist())
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(doc, separators=(",", ":")))  # one-shot: the C encoder, ~3x faster
-    except OSError as e:
-        raise ChiptraceError(f"cannot write {path}: {e.strerror}") from e
-    return doc["otherData"]["spans"]
+    source = spans if isinstance(spans, SpanSource) else SpanSource.of_table(spans)
+    out: list[int] = []
+    write_text(path, lambda fh: out.append(_Writer(source, fh).run()))
+    return out[0]

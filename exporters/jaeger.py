@@ -14,12 +14,13 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import pyarrow as pa
 from chiptrace.exporters import attributes as A
+from chiptrace.exporters.source import SpanSource
+from chiptrace.exporters.textfile import write_text
 
 from chiptrace.errors import ChiptraceError
 
@@ -104,44 +105,84 @@ def _span(row: dict[str, Any], trace_id: str, process_id: str) -> dict[str, Any]
     }
 
 
-def to_jaeger(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Jaeger JSON (the query API's `{"data": [...]}` envelope) from span rows.
+class _TraceWriter:
+    """Streams `{"data": [trace, ...]}` from spans sorted by trace: a trace's spans are
+    written as they come, its processes when the next trace begins."""
+
+    def __init__(self, fh: TextIO) -> None:
+        self.fh = fh
+        self.traces = 0
+        self.trace_id: str | None = None
+        self.pids: dict[Any, str] = {}
+        self.processes: dict[str, Any] = {}
+        self.first_span = True
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        parts: list[str] = []
+        spans: list[dict[str, Any]] = []
+        for row in rows:
+            trace_id = A.hex_id(row["trace_id"])
+            if trace_id != self.trace_id:
+                if spans:
+                    parts.append(self._spans_text(spans))
+                    spans = []
+                parts.append(self._close_trace() + self._open_trace(trace_id))
+            key = (row.get("service"), row.get("host"), row.get("resource"))
+            pid = self.pids.get(key)
+            if pid is None:
+                pid = self.pids[key] = f"p{len(self.pids) + 1}"
+                self.processes[pid] = _process(row)
+            spans.append(_span(row, trace_id, pid))
+        if spans:
+            parts.append(self._spans_text(spans))
+        self.fh.write("".join(parts))
+
+    def _spans_text(self, spans: list[dict[str, Any]]) -> str:
+        text = json.dumps(spans, separators=(",", ":"))[1:-1]  # one C call per run of spans
+        if not self.first_span:
+            text = "," + text
+        self.first_span = False
+        return text
+
+    def _open_trace(self, trace_id: str) -> str:
+        self.trace_id, self.pids, self.processes, self.first_span = trace_id, {}, {}, True
+        self.traces += 1
+        return ("," if self.traces > 1 else "") + f'{{"traceID":"{trace_id}","spans":['
+
+    def _close_trace(self) -> str:
+        if self.trace_id is None:
+            return ""
+        return '],"processes":' + json.dumps(self.processes, separators=(",", ":")) + ',"warnings":null}'
+
+    def finish(self) -> None:
+        self.fh.write(self._close_trace())
+
+
+def write_jaeger_json(spans: pa.Table | SpanSource, path: str | os.PathLike[str]) -> int:
+    """Write spans as a Jaeger JSON file (the query API's `{"data": [...]}` envelope),
+    streamed in trace order; returns the number of traces written.
 
     Args:
-        rows: span rows (spans_raw columns), ideally sorted by trace, then start.
-    """
-    traces: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        trace_id = A.hex_id(row["trace_id"])
-        tr = traces.get(trace_id)
-        if tr is None:
-            tr = traces[trace_id] = {"traceID": trace_id, "spans": [], "processes": {}, "warnings": None}
-            tr["_pids"] = {}
-        key = (row.get("service"), row.get("host"), row.get("resource"))
-        pid = tr["_pids"].get(key)
-        if pid is None:
-            pid = tr["_pids"][key] = f"p{len(tr['_pids']) + 1}"
-            tr["processes"][pid] = _process(row)
-        tr["spans"].append(_span(row, trace_id, pid))
-    for tr in traces.values():
-        del tr["_pids"]
-    data = list(traces.values())
-    return {"data": data, "total": len(data), "limit": 0, "offset": 0, "errors": None}
-
-
-def write_jaeger_json(table: pa.Table, path: str | os.PathLike[str]) -> int:
-    """Write spans as a Jaeger JSON file; returns the number of traces written.
+        spans: a table of spans_raw columns, or a SpanSource (trace dirs and filters).
+        path: the file (written under a temporary name, renamed when complete), or `-`.
 
     Raises:
         ChiptraceError: the file cannot be written.
     """
-    doc = to_jaeger(table.to_pylist())
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(doc, separators=(",", ":")))  # one-shot: the C encoder, ~3x faster
-    except OSError as e:
-        raise ChiptraceError(f"cannot write {path}: {e.strerror}") from e
-    return len(doc["data"])
+    source = spans if isinstance(spans, SpanSource) else SpanSource.of_table(spans)
+
+    def write(fh: TextIO) -> None:
+        fh.write('{"data":[')
+        w = _TraceWriter(fh)
+        for batch in source.stream("SELECT * FROM selected ORDER BY trace_id, start_ns, span_id"):
+            w.add(batch.to_pylist())
+        w.finish()
+        fh.write(f'],"total":{w.traces},"limit":0,"offset":0,"errors":null}}')
+        out.append(w.traces)
+
+    out: list[int] = []
+    write_text(path, write)
+    return out[0]
 
 
 @dataclass

@@ -108,13 +108,34 @@ class SpanSource:
         self._run_sql = run_sql
         self.count = int(run_sql(self.con, self.filter.sql("count(*) AS n")).column(0)[0].as_py())
 
+    @classmethod
+    def of_table(cls, table: pa.Table) -> SpanSource:
+        """All spans of an in-memory table (spans_raw columns), for the Python API."""
+        import duckdb
+
+        self = cls.__new__(cls)
+        self.filter = SpanFilter()
+        self.con = duckdb.connect()
+        self.con.register("spans_raw", table)
+        self.count = table.num_rows
+        from chiptrace.query import run_sql
+
+        self._run_sql = run_sql
+        return self
+
     def batches(self, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
         """Stream the spans in record batches (store order; no sort, so no memory spike)."""
+        return self.stream(self.filter.sql(), batch_size)
+
+    def stream(self, sql: str, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
+        """Stream any query on this source's connection in record batches; the filtered
+        spans are the view `selected` while it runs."""
         from chiptrace.errors import QueryError
 
         try:
-            reader = self.con.sql(self.filter.sql()).to_arrow_reader(batch_size)
-        except Exception as e:  # duckdb.Error; the count above already validated the SQL
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW selected AS {self.filter.sql()}")
+            reader = self.con.sql(sql).to_arrow_reader(batch_size)
+        except Exception as e:  # duckdb.Error; the count above already validated the filter
             raise QueryError(f"SQL error: {str(e).splitlines()[0]}") from e
         yield from reader
 

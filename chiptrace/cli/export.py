@@ -106,13 +106,11 @@ def _file(args: argparse.Namespace, source: Any) -> int:
 
     if not args.output:
         raise ConfigError(f"--format {args.format} needs -o FILE (or -o - for stdout)")
-    out = "/dev/stdout" if args.output == "-" else args.output
-    table = source.table()
     if args.format == "jaeger-json":
-        n = write_jaeger_json(table, out)
-        what = f"{table.num_rows:,} spans in {n} traces"
+        n = write_jaeger_json(source, args.output)
+        what = f"{source.count:,} spans in {n} traces"
     else:
-        n = write_chrome_json(table, out)
+        n = write_chrome_json(source, args.output)
         what = f"{n:,} spans"
     if args.output != "-":
         print(f"wrote {what} to {args.output}")
