@@ -112,9 +112,9 @@ class _Writer:
         return self.slices
 
     def _slices(self, pids: dict[str, int], names: list[str]) -> pa.Table:
-        sql = (f"SELECT s.*, t.rank AS _rank, t.h AS _h FROM selected s JOIN chiptrace_tracks t "
-               f"ON t.h = {_HOST_SQL.replace('host', 's.host')} AND t.track = "
-               f"{_TRACK_SQL.replace('chip_id', 's.chip_id').replace('link_id', 's.link_id').replace('service', 's.service')} "
+        sql = (f"SELECT s.*, t.rank AS _rank, t.h AS _h FROM "
+               f"(SELECT *, {_HOST_SQL} AS h, {_TRACK_SQL} AS track FROM selected) s "
+               "JOIN chiptrace_tracks t USING (h, track) "
                "ORDER BY t.rank, s.start_ns, s.end_ns DESC, s.span_id")  # fmt: skip
         rank, lanes, tids, tid = -1, [], {}, 0
         placed: list[pa.Table] = []
