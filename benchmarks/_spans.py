@@ -10,15 +10,35 @@ import pyarrow as pa
 
 from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
 
-CHIPS = [f"gpu:{i}" for i in range(8)] + ["cpu:0", "cpu:1", "dpu:0", "dpu:1", "npu:0", "npu:1", "nic:0", "nic:1"]
-NAMES = ["fwd.layer", "bwd.layer", "allreduce.chunk", "h2d", "preprocess", "optimizer", "decode", "send"]
+CHIPS = [f"gpu:{i}" for i in range(8)] + [
+    "cpu:0",
+    "cpu:1",
+    "dpu:0",
+    "dpu:1",
+    "npu:0",
+    "npu:1",
+    "nic:0",
+    "nic:1",
+]
+NAMES = [
+    "fwd.layer",
+    "bwd.layer",
+    "allreduce.chunk",
+    "h2d",
+    "preprocess",
+    "optimizer",
+    "decode",
+    "send",
+]
 
 
 def _dict(values: list[str], idx: np.ndarray) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32)), pa.array(values))
 
 
-def emulator_like_batch(n: int, rng: np.random.Generator, t: int, seq: int) -> tuple[pa.RecordBatch, int]:
+def emulator_like_batch(
+    n: int, rng: np.random.Generator, t: int, seq: int
+) -> tuple[pa.RecordBatch, int]:
     """n spans over 16 chips of six types, ~10 us each, in steps of 4096 spans."""
     chip_idx = np.arange(n) % len(CHIPS)
     dur = rng.integers(2_000, 20_000, n)

@@ -43,7 +43,9 @@ def make_requests() -> list[bytes]:
     from opentelemetry.trace import SpanKind
 
     memory = InMemorySpanExporter()
-    tp = TracerProvider(resource=Resource({"service.name": "trainer", "host.name": "node1", "process.pid": 7}))
+    tp = TracerProvider(
+        resource=Resource({"service.name": "trainer", "host.name": "node1", "process.pid": 7})
+    )
     tp.add_span_processor(SimpleSpanProcessor(memory))
     tracer = tp.get_tracer("train.loop", "1.0")
     bodies = []
@@ -51,8 +53,14 @@ def make_requests() -> list[bytes]:
         memory.clear()
         with tracer.start_as_current_span(f"step {r}", kind=SpanKind.SERVER):
             for i in range(SPANS_PER_REQUEST - 1):
-                attrs = {"chip.id": f"gpu:{i % 8}", "chip.type": "gpu", "op.kind": "compute",
-                         "op.flops": (i % 64) << 30, "layer": i % 32, "phase": "fwd" if i % 2 else "bwd"}
+                attrs = {
+                    "chip.id": f"gpu:{i % 8}",
+                    "chip.type": "gpu",
+                    "op.kind": "compute",
+                    "op.flops": (i % 64) << 30,
+                    "layer": i % 32,
+                    "phase": "fwd" if i % 2 else "bwd",
+                }
                 with tracer.start_as_current_span(f"layer.{i % 32}", attributes=attrs):
                     pass
         bodies.append(encode_spans(memory.get_finished_spans()).SerializeToString())
@@ -80,7 +88,9 @@ def drive(url: str, bodies: list[bytes], requests: int, clients: int = 2) -> tup
     """Run the clients; returns (seconds, acknowledged requests)."""
     ctx = mp.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=client, args=(url, bodies, requests, start, out)) for _ in range(clients)]
+    procs = [
+        ctx.Process(target=client, args=(url, bodies, requests, start, out)) for _ in range(clients)
+    ]
     for p in procs:
         p.start()
     time.sleep(0.3)
@@ -97,9 +107,21 @@ def run_chiptrace(bodies: list[bytes], requests: int) -> tuple[float, int, float
     import chiptrace
 
     out = Path(tempfile.mkdtemp(prefix="chiptrace-collect-bench-")) / "trace"
-    proc = subprocess.Popen([sys.executable, "-m", "chiptrace", "collect", "--listen", "127.0.0.1:0",
-                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "chiptrace",
+            "collect",
+            "--listen",
+            "127.0.0.1:0",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     url = proc.stdout.readline().split()[3]
     secs, acked = drive(url, bodies, requests)
     t0 = time.perf_counter()
@@ -107,12 +129,16 @@ def run_chiptrace(bodies: list[bytes], requests: int) -> tuple[float, int, float
     proc.wait(timeout=120)
     flush_s = time.perf_counter() - t0
     stored = chiptrace.connect(out).sql("SELECT count(*) FROM spans_raw").fetchall()[0][0]
-    assert stored == acked * SPANS_PER_REQUEST, f"stored {stored}, acknowledged {acked * SPANS_PER_REQUEST}"
+    assert stored == acked * SPANS_PER_REQUEST, (
+        f"stored {stored}, acknowledged {acked * SPANS_PER_REQUEST}"
+    )
     return secs, stored, flush_s
 
 
 def run_peer(bodies: list[bytes], requests: int) -> tuple[float, int]:
-    proc = subprocess.Popen([sys.executable, str(PEER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(PEER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     port = json.loads(proc.stdout.readline())["http"]
     url = f"http://127.0.0.1:{port}/v1/traces"
     secs, acked = drive(url, bodies, requests)
@@ -134,15 +160,25 @@ def main() -> None:
     c_secs, c_spans, flush_s = run_chiptrace(bodies, requests)
     p_secs, p_spans = run_peer(bodies, requests)
     c_rate, p_rate = c_spans / c_secs, p_spans / p_secs
-    print(f"OTLP/HTTP ingest, 2 clients replaying {SPANS_PER_REQUEST}-span requests "
-          f"({len(bodies[0]) / SPANS_PER_REQUEST:.0f} bytes/span)")
+    print(
+        f"OTLP/HTTP ingest, 2 clients replaying {SPANS_PER_REQUEST}-span requests "
+        f"({len(bodies[0]) / SPANS_PER_REQUEST:.0f} bytes/span)"
+    )
     print(f"{'receiver':<62}{'spans':>10}{'spans/s':>12}")
-    print(f"{'chiptrace collect (decode, buffer, Parquet; all counted back)':<62}{c_spans:>10,}{c_rate:>12,.0f}")
-    print(f"{'bare opentelemetry-proto receiver (parse + count, no storage)':<62}{p_spans:>10,}{p_rate:>12,.0f}")
-    print(f"ratio chiptrace/bare: {c_rate / p_rate:.2f}x; target >= 100,000 spans/s acknowledged: "
-          f"{'met' if c_rate >= 100_000 else 'NOT met'}")
-    print(f"chiptrace end to end, including the final flush to Parquet after SIGTERM ({flush_s:.2f}s): "
-          f"{c_spans / (c_secs + flush_s):,.0f} spans/s")
+    print(
+        f"{'chiptrace collect (decode, buffer, Parquet; all counted back)':<62}{c_spans:>10,}{c_rate:>12,.0f}"
+    )
+    print(
+        f"{'bare opentelemetry-proto receiver (parse + count, no storage)':<62}{p_spans:>10,}{p_rate:>12,.0f}"
+    )
+    print(
+        f"ratio chiptrace/bare: {c_rate / p_rate:.2f}x; target >= 100,000 spans/s acknowledged: "
+        f"{'met' if c_rate >= 100_000 else 'NOT met'}"
+    )
+    print(
+        f"chiptrace end to end, including the final flush to Parquet after SIGTERM ({flush_s:.2f}s): "
+        f"{c_spans / (c_secs + flush_s):,.0f} spans/s"
+    )
 
 
 if __name__ == "__main__":

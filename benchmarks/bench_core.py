@@ -92,9 +92,15 @@ def bench_decorator(calls: int, repeats: int) -> None:
     print(f"  bare python call          {t_bare:8.3f} us")
     print(f"  chiptrace @trace          {t_ct:8.3f} us   overhead {t_ct - t_bare:.3f} us")
     print(f"  OTel SDK decorator        {t_otel:8.3f} us   overhead {t_otel - t_bare:.3f} us")
-    print(f"  ratio OTel / chiptrace    {(t_otel - t_bare) / (t_ct - t_bare):8.1f}x  (target >= 10x; chiptrace target <= 2 us)")
-    print(f"  chiptrace amortized       {t_amortized:8.3f} us   CPU per call incl. background conversion and Parquet write")
-    print(f"  chiptrace disabled        {t_off:8.3f} us   extra over bare {t_off - t_bare2:.3f} us (target <= 0.1 us)")
+    print(
+        f"  ratio OTel / chiptrace    {(t_otel - t_bare) / (t_ct - t_bare):8.1f}x  (target >= 10x; chiptrace target <= 2 us)"
+    )
+    print(
+        f"  chiptrace amortized       {t_amortized:8.3f} us   CPU per call incl. background conversion and Parquet write"
+    )
+    print(
+        f"  chiptrace disabled        {t_off:8.3f} us   extra over bare {t_off - t_bare2:.3f} us (target <= 0.1 us)"
+    )
 
 
 def bench_parquet(n: int) -> None:
@@ -124,8 +130,12 @@ def bench_parquet(n: int) -> None:
     size_peer = (tmp / "peer.parquet").stat().st_size
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"== buffers to Parquet ({n:,} emulator-like spans)")
-    print(f"  chiptrace recorder        {n / dt:12,.0f} spans/s  {size / n:6.1f} bytes/span (targets >= 1,000,000/s, <= 32 B)")
-    print(f"  pyarrow write_table deflt {n / dt_peer:12,.0f} spans/s  {size_peer / n:6.1f} bytes/span")
+    print(
+        f"  chiptrace recorder        {n / dt:12,.0f} spans/s  {size / n:6.1f} bytes/span (targets >= 1,000,000/s, <= 32 B)"
+    )
+    print(
+        f"  pyarrow write_table deflt {n / dt_peer:12,.0f} spans/s  {size_peer / n:6.1f} bytes/span"
+    )
 
 
 def _emulator_like_batches(n: int, chunk: int):

@@ -28,7 +28,15 @@ def child(steps: int, quick: bool, out: str) -> None:
 
     options = {"layers": "4"} if quick else None
     t0 = time.perf_counter()
-    r = emulate(topology="nvl72", workload="train", steps=steps, seed=1, out=out, options=options, progress=False)
+    r = emulate(
+        topology="nvl72",
+        workload="train",
+        steps=steps,
+        seed=1,
+        out=out,
+        options=options,
+        progress=False,
+    )
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     size = sum(p.stat().st_size for p in Path(out).rglob("*.parquet"))
@@ -37,7 +45,9 @@ def child(steps: int, quick: bool, out: str) -> None:
 
 def run_child(steps: int, quick: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, __file__, "--child", str(steps), "--out", tmp] + (["--quick"] if quick else [])
+        cmd = [sys.executable, __file__, "--child", str(steps), "--out", tmp] + (
+            ["--quick"] if quick else []
+        )
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -63,9 +73,19 @@ def otel_peer(n: int) -> tuple[float, int]:
     root = tracer.start_span("train_step", start_time=start)
     ctx = trace.set_span_in_context(root)
     for i in range(n - 1):
-        s = tracer.start_span("allreduce.ring", context=ctx, start_time=start + i, attributes={
-            "link.id": "nvlink5:gpu:0-switch:0", "link.type": "nvlink5", "link.src": "gpu:0",
-            "link.dst": "switch:0", "op.kind": "comm", "op.bytes": 1 << 20})  # fmt: skip
+        s = tracer.start_span(
+            "allreduce.ring",
+            context=ctx,
+            start_time=start + i,
+            attributes={
+                "link.id": "nvlink5:gpu:0-switch:0",
+                "link.type": "nvlink5",
+                "link.src": "gpu:0",
+                "link.dst": "switch:0",
+                "op.kind": "comm",
+                "op.bytes": 1 << 20,
+            },
+        )
         s.end(end_time=start + i + 1000)
     root.end()
     provider.shutdown()
@@ -85,18 +105,26 @@ def main() -> None:
     runs = [run_child(s, args.quick) for s in lengths]
     head, big = runs[0], runs[-1]
     rate = big["spans"] / big["wall_s"]
-    print(f"chiptrace emulate nvl72 train, {lengths[-1]} steps: {big['spans']:,} spans in {big['wall_s']:.2f} s = "
-          f"{rate:,.0f} spans/s end to end ({big['bytes'] / big['spans']:.1f} bytes/span on disk)")  # fmt: skip
+    print(
+        f"chiptrace emulate nvl72 train, {lengths[-1]} steps: {big['spans']:,} spans in {big['wall_s']:.2f} s = "
+        f"{rate:,.0f} spans/s end to end ({big['bytes'] / big['spans']:.1f} bytes/span on disk)"
+    )
     for s, r in zip(lengths, runs, strict=True):
-        print(f"  {s} step(s): {r['spans']:,} spans, {r['spans'] / r['wall_s']:,.0f} spans/s "
-              f"(setup included), peak RSS {r['rss_mb']:.0f} MB")  # fmt: skip
+        print(
+            f"  {s} step(s): {r['spans']:,} spans, {r['spans'] / r['wall_s']:,.0f} spans/s "
+            f"(setup included), peak RSS {r['rss_mb']:.0f} MB"
+        )
     peer_s, exported = otel_peer(head["spans"])
     peer_rate = head["spans"] / peer_s
-    print(f"OpenTelemetry SDK start_span/end + BatchSpanProcessor (discarding exporter): {head['spans']:,} spans "
-          f"(one step's worth) in {peer_s:.2f} s = {peer_rate:,.0f} spans/s ({exported:,} reached the exporter, "
-          "the rest were dropped by its queue)")  # fmt: skip
-    print(f"ratio: chiptrace emulator / OTel SDK = {rate / peer_rate:.1f}x  (target >= 300,000 spans/s: "
-          f"{'met' if rate >= 300_000 else 'NOT met'})")  # fmt: skip
+    print(
+        f"OpenTelemetry SDK start_span/end + BatchSpanProcessor (discarding exporter): {head['spans']:,} spans "
+        f"(one step's worth) in {peer_s:.2f} s = {peer_rate:,.0f} spans/s ({exported:,} reached the exporter, "
+        "the rest were dropped by its queue)"
+    )
+    print(
+        f"ratio: chiptrace emulator / OTel SDK = {rate / peer_rate:.1f}x  (target >= 300,000 spans/s: "
+        f"{'met' if rate >= 300_000 else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,12 @@ BATCH = 2048
 
 class Receiver:
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(RECEIVER)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, str(RECEIVER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         ports = json.loads(self.proc.stdout.readline())
         self.http = f"http://127.0.0.1:{ports['http']}"
         self.grpc = f"grpc://127.0.0.1:{ports['grpc']}"
@@ -79,10 +83,10 @@ def bench_sdk(table, url: str, recv: Receiver) -> tuple[float, int]:
 
 
 def bench_encoders(table) -> tuple[float, float]:
-    from chiptrace.exporters.otlp_encode import encode_spans, requests
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
 
     from chiptrace._otel import batch_to_readable_spans
+    from chiptrace.exporters.otlp_encode import encode_spans, requests
 
     t0 = time.perf_counter()
     for batch in table.to_batches(max_chunksize=65536):
@@ -119,13 +123,21 @@ def main() -> None:
 
     print(f"OTLP export to a loopback receiver (emulator-like spans, {BATCH} spans/request)")
     print(f"{'path':<58}{'spans':>10}{'spans/s':>12}")
-    print(f"{'chiptrace export, HTTP/protobuf (Parquet->DuckDB->wire)':<58}{http_n:>10,}{http_rate:>12,.0f}")
+    print(
+        f"{'chiptrace export, HTTP/protobuf (Parquet->DuckDB->wire)':<58}{http_n:>10,}{http_rate:>12,.0f}"
+    )
     print(f"{'chiptrace export, gRPC':<58}{grpc_n:>10,}{grpc_rate:>12,.0f}")
-    print(f"{'OTel SDK: ReadableSpans -> OTLPSpanExporter (HTTP)':<58}{sdk_n:>10,}{sdk_rate:>12,.0f}")
-    print(f"ratio chiptrace/SDK over HTTP: {http_rate / sdk_rate:.1f}x  (target >= 50,000 spans/s: "
-          f"{'met' if http_rate >= 50_000 else 'NOT met'})")
-    print(f"encoders alone on {sdk_table.num_rows:,} spans: chiptrace {enc_ours:,.0f} spans/s, "
-          f"SDK (ReadableSpan + encode_spans) {enc_sdk:,.0f} spans/s, ratio {enc_ours / enc_sdk:.1f}x")
+    print(
+        f"{'OTel SDK: ReadableSpans -> OTLPSpanExporter (HTTP)':<58}{sdk_n:>10,}{sdk_rate:>12,.0f}"
+    )
+    print(
+        f"ratio chiptrace/SDK over HTTP: {http_rate / sdk_rate:.1f}x  (target >= 50,000 spans/s: "
+        f"{'met' if http_rate >= 50_000 else 'NOT met'})"
+    )
+    print(
+        f"encoders alone on {sdk_table.num_rows:,} spans: chiptrace {enc_ours:,.0f} spans/s, "
+        f"SDK (ReadableSpan + encode_spans) {enc_sdk:,.0f} spans/s, ratio {enc_ours / enc_sdk:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -102,13 +102,19 @@ def main() -> None:
 
     print(f"host sampling at {hz:g} Hz for {secs:g} s ({psutil.cpu_count()} CPUs; {nvml})")
     print(f"{'':32}{'CPU s':>9}  {'cost':>18}  {'per tick':>10}  ticks")
-    print(f"{'psutil loop (peer, no storage)':32}{peer_cpu:9.4f}  {pct(peer_cpu)}  "
-          f"{1e6 * peer_cpu / max(peer_ticks, 1):8.0f}us  {peer_ticks}")  # fmt: skip
-    print(f"{'chiptrace HostSampler':32}{ct_cpu:9.4f}  {pct(ct_cpu)}  "
-          f"{1e6 * ct_cpu / max(ct_ticks, 1):8.0f}us  {ct_ticks}  ({rows} rows to Parquet)")  # fmt: skip
+    print(
+        f"{'psutil loop (peer, no storage)':32}{peer_cpu:9.4f}  {pct(peer_cpu)}  "
+        f"{1e6 * peer_cpu / max(peer_ticks, 1):8.0f}us  {peer_ticks}"
+    )
+    print(
+        f"{'chiptrace HostSampler':32}{ct_cpu:9.4f}  {pct(ct_cpu)}  "
+        f"{1e6 * ct_cpu / max(ct_ticks, 1):8.0f}us  {ct_ticks}  ({rows} rows to Parquet)"
+    )
     print(f"ratio chiptrace / peer: {ct_cpu / peer_cpu if peer_cpu else float('inf'):.2f}x")
-    print(f"process CPU over {secs:g} s idle: sampler off {off:.4f} s, on {on:.4f} s "
-          f"-> {pct(max(0.0, on - off)).strip()} attributable")  # fmt: skip
+    print(
+        f"process CPU over {secs:g} s idle: sampler off {off:.4f} s, on {on:.4f} s "
+        f"-> {pct(max(0.0, on - off)).strip()} attributable"
+    )
     verdict = "within" if ct_cpu / secs <= BUDGET else "OVER"
     print(f"budget {100 * BUDGET:g}% of one core: chiptrace {verdict} ({100 * ct_cpu / secs:.3f}%)")
 

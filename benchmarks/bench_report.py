@@ -60,9 +60,11 @@ def child_check(d: str) -> dict:
     import chiptrace
 
     con = chiptrace.connect(d)
-    busy = dict(con.sql(
-        "SELECT chip_id, CAST(sum(end_ns - start_ns) AS BIGINT) FROM chip_busy() GROUP BY 1"
-    ).fetchall())  # fmt: skip
+    busy = dict(
+        con.sql(
+            "SELECT chip_id, CAST(sum(end_ns - start_ns) AS BIGINT) FROM chip_busy() GROUP BY 1"
+        ).fetchall()
+    )
     return {"busy": busy}
 
 
@@ -121,8 +123,10 @@ def run_child(mode: str, d: Path) -> dict:
     t = time.perf_counter()
     out = subprocess.run(
         [sys.executable, __file__, "--child", mode, str(d)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t
     res = json.loads(out.stdout.strip().splitlines()[-1])
     res["wall_s"] = wall
@@ -148,20 +152,28 @@ def main() -> int:
     d = ensure_trace(n)
     ours = run_child("chiptrace", d)
     print(f"spans: {n:,} (synthetic, 8 GPUs + CPU + 2 DPUs, ring all-reduce), trace dir {d}")
-    print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
-          "(other work on the box stretches wall time; CPU time does not)")
-    print(f"chiptrace report --json : {ours['wall_s']:7.2f} s wall (startup included), "
-          f"{ours['cpu_s']:6.2f} s CPU, peak RSS {ours['maxrss_gib']:.2f} GiB")  # fmt: skip
+    print(
+        f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
+        "(other work on the box stretches wall time; CPU time does not)"
+    )
+    print(
+        f"chiptrace report --json : {ours['wall_s']:7.2f} s wall (startup included), "
+        f"{ours['cpu_s']:6.2f} s CPU, peak RSS {ours['maxrss_gib']:.2f} GiB"
+    )
     if not args.no_peer:
         peer = run_child("peer", d)
-        print(f"naive pyarrow + Python  : {peer['wall_s']:7.2f} s wall, {peer['cpu_s']:6.2f} s CPU, "
-              f"peak RSS {peer['maxrss_gib']:.2f} GiB")  # fmt: skip
+        print(
+            f"naive pyarrow + Python  : {peer['wall_s']:7.2f} s wall, {peer['cpu_s']:6.2f} s CPU, "
+            f"peak RSS {peer['maxrss_gib']:.2f} GiB"
+        )
         check = run_child("check", d)["busy"]
         same = check == peer["busy"]
-        print(f"ratio (peer / chiptrace): {peer['wall_s'] / ours['wall_s']:.1f}x wall time, "
-              f"{peer['cpu_s'] / ours['cpu_s']:.1f}x CPU time, "
-              f"{peer['maxrss_gib'] / ours['maxrss_gib']:.1f}x memory; per-chip busy time "
-              f"{'identical' if same else 'DIFFERS'} ({len(peer['busy'])} chips)")  # fmt: skip
+        print(
+            f"ratio (peer / chiptrace): {peer['wall_s'] / ours['wall_s']:.1f}x wall time, "
+            f"{peer['cpu_s'] / ours['cpu_s']:.1f}x CPU time, "
+            f"{peer['maxrss_gib'] / ours['maxrss_gib']:.1f}x memory; per-chip busy time "
+            f"{'identical' if same else 'DIFFERS'} ({len(peer['busy'])} chips)"
+        )
     ok = ours["wall_s"] <= TARGET_S and ours["maxrss_gib"] <= TARGET_GIB
     print(f"target <= {TARGET_S:.0f} s and <= {TARGET_GIB:.0f} GiB: {'met' if ok else 'NOT met'}")
     return 0

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _spans import emulator_like_batch, synthetic_span_dir  # noqa: E402
+
 from chiptrace.viewer.alerts import derive_alerts  # noqa: E402
 from chiptrace.viewer.model import HISTORY_CELLS, LiveModel  # noqa: E402
 
@@ -60,7 +61,9 @@ def _feeder(feed, rate: int, batch_size: int, stop: threading.Event, pool) -> No
     t0 = time.monotonic()
     base = time.time_ns()
     k = 0
-    span_of_pool = int(pool[-1].column("end_ns")[-1].as_py() - pool[0].column("start_ns")[0].as_py())
+    span_of_pool = int(
+        pool[-1].column("end_ns")[-1].as_py() - pool[0].column("start_ns")[0].as_py()
+    )
     while not stop.is_set():
         b = pool[k % len(pool)]
         lap = k // len(pool)
@@ -82,7 +85,9 @@ async def live(rate: int, seconds: float) -> dict[str, float]:
     stop = threading.Event()
     proc = psutil.Process()
     async with app.run_test(size=(120, 40)) as pilot:
-        th = threading.Thread(target=_feeder, args=(feed, rate, batch_size, stop, pool), daemon=True)
+        th = threading.Thread(
+            target=_feeder, args=(feed, rate, batch_size, stop, pool), daemon=True
+        )
         th.start()
         await pilot.pause(1.0)  # warm up
         r0, s0, c0, w0 = app.refreshes, app.model.spans_total, time.process_time(), time.monotonic()
@@ -93,9 +98,14 @@ async def live(rate: int, seconds: float) -> dict[str, float]:
         stop.set()
         th.join()
     wall = w1 - w0
-    return {"refresh_per_s": (r1 - r0) / wall, "spans_per_s": (s1 - s0) / wall,
-            "cores": (c1 - c0) / wall, "psutil_cores": pct / 100, "dropped": feed.dropped,
-            "refresh_ms": app.refresh_seconds / max(app.refreshes, 1) * 1e3}  # fmt: skip
+    return {
+        "refresh_per_s": (r1 - r0) / wall,
+        "spans_per_s": (s1 - s0) / wall,
+        "cores": (c1 - c0) / wall,
+        "psutil_cores": pct / 100,
+        "dropped": feed.dropped,
+        "refresh_ms": app.refresh_seconds / max(app.refreshes, 1) * 1e3,
+    }
 
 
 def _time(fn, repeats: int) -> float:  # noqa: ANN001
@@ -165,20 +175,26 @@ def _trace_table(n: int) -> pa.Table:
     start = np.sort(rng.integers(0, 2 * 10**9, n))
     chips = [f"gpu:{i}" if i < 8 else None for i in range(12)]
     links = [None] * 8 + [f"nvlink6:gpu:{i}-switch:0" for i in range(4)]
-    return pa.table({
-        "span_id": [f"{i:016x}" for i in range(n)], "parent_span_id": [None] * n,
-        "name": pa.array(["op"] * n).dictionary_encode(), "start_ns": start,
-        "end_ns": start + rng.integers(1_000, 200_000, n),
-        "chip_id": pa.array([chips[k] for k in lanes]), "link_id": pa.array([links[k] for k in lanes]),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "span_id": [f"{i:016x}" for i in range(n)],
+            "parent_span_id": [None] * n,
+            "name": pa.array(["op"] * n).dictionary_encode(),
+            "start_ns": start,
+            "end_ns": start + rng.integers(1_000, 200_000, n),
+            "chip_id": pa.array([chips[k] for k in lanes]),
+            "link_id": pa.array([links[k] for k in lanes]),
+        }
+    )
 
 
 async def waterfall(n: int) -> dict[str, float]:
     """Open an n-span trace in the waterfall and scroll it: layout once, then only the
     visible rows are drawn."""
+    from textual.app import App
+
     from chiptrace.viewer.queries import _last_predecessor_path, critical_span_ids
     from chiptrace.viewer.widgets.waterfall import Waterfall, WaterfallRows
-    from textual.app import App
 
     table = _trace_table(n)
     t = time.perf_counter()
@@ -208,7 +224,13 @@ async def waterfall(n: int) -> dict[str, float]:
             wf.refresh()
             await pilot.pause()
         t_scroll = (time.perf_counter() - t) / steps
-    return {"layout_s": t_layout, "critical_s": t_crit, "fallback_s": t_fallback, "screen_ms": t_scroll * 1e3, "rows": len(rows)}
+    return {
+        "layout_s": t_layout,
+        "critical_s": t_crit,
+        "fallback_s": t_fallback,
+        "screen_ms": t_scroll * 1e3,
+        "rows": len(rows),
+    }
 
 
 def main() -> None:
@@ -218,32 +240,44 @@ def main() -> None:
     rate, seconds = 100_000, (3.0 if args.quick else 10.0)
     sizes = (200_000, 1_000_000) if args.quick else (1_000_000, 5_000_000)
 
-    print(f"chiptrace viewer benchmark ({'quick' if args.quick else 'full'}; "
-          f"{psutil.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
-          f"window {WINDOW_NS / 1e6:.0f} ms, {HISTORY_CELLS} history cells)")  # fmt: skip
+    print(
+        f"chiptrace viewer benchmark ({'quick' if args.quick else 'full'}; "
+        f"{psutil.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+        f"window {WINDOW_NS / 1e6:.0f} ms, {HISTORY_CELLS} history cells)"
+    )
     r = asyncio.run(live(rate, seconds))
     print(f"\nlive: fed {rate:,} spans/s for {seconds:.0f} s into a headless ViewerApp (120x40)")
     print(f"  ingested           {r['spans_per_s']:>10,.0f} spans/s   (dropped {r['dropped']:,})")
     print(f"  dashboard refresh  {r['refresh_per_s']:>10.1f} /s         (target >= 5)")
-    print(f"  one refresh        {r['refresh_ms']:>10.2f} ms        (snapshot, alerts, widget updates)")
-    print(f"  CPU, process_time  {r['cores']:>10.2f} cores     (target <= 1; includes the feeder thread)")
+    print(
+        f"  one refresh        {r['refresh_ms']:>10.2f} ms        (snapshot, alerts, widget updates)"
+    )
+    print(
+        f"  CPU, process_time  {r['cores']:>10.2f} cores     (target <= 1; includes the feeder thread)"
+    )
     print(f"  CPU, psutil        {r['psutil_cores']:>10.2f} cores")
 
     print("\nrefresh cost vs spans stored (median; chiptrace = snapshot + alerts of the window)")
-    print(f"  {'stored':>10}  {'chiptrace ms':>12}  {'naive DuckDB ms':>15}  {'naive / chiptrace':>17}")
+    print(
+        f"  {'stored':>10}  {'chiptrace ms':>12}  {'naive DuckDB ms':>15}  {'naive / chiptrace':>17}"
+    )
     rows = stored(sizes)
     for n, ours, naive in rows:
         print(f"  {n:>10,}  {ours:>12.3f}  {naive:>15.1f}  {naive / ours:>16.0f}x")
     (n0, o0, v0), (n1, o1, v1) = rows
     print(f"  growth {n1 // n0}x stored: chiptrace {o1 / o0:.2f}x, naive {v1 / v0:.2f}x")
-    print(f"  (load average now {os.getloadavg()[0]:.1f}: on a shared box the live figures vary with it)")
+    print(
+        f"  (load average now {os.getloadavg()[0]:.1f}: on a shared box the live figures vary with it)"
+    )
 
     n = 100_000
     w = asyncio.run(waterfall(n))
     print(f"\nwaterfall of one {n:,}-span trace ({w['rows']:,} rows, a row per span, 120x40)")
     print(f"  layout (NumPy, once)        {w['layout_s'] * 1e3:8.1f} ms")
     print(f"  critical path (analysis)    {w['critical_s'] * 1e3:8.1f} ms   (in a worker thread)")
-    print(f"  critical path (fallback)    {w['fallback_s'] * 1e3:8.1f} ms   (used if the analysis walk fails)")
+    print(
+        f"  critical path (fallback)    {w['fallback_s'] * 1e3:8.1f} ms   (used if the analysis walk fails)"
+    )
     print(f"  scroll + redraw one screen  {w['screen_ms']:8.2f} ms   (only visible rows are drawn)")
 
 

@@ -155,9 +155,16 @@ FROM agg a LEFT JOIN (SELECT link_id, max(bandwidth_Bps) AS bandwidth_Bps FROM t
 
 # Order matters: a macro may only refer to macros created before it.
 ALL = (
-    OPS, TRANSFERS, CHIP_BUSY, LINK_BUSY, SPAN_EXTENT, UTILIZATION, UTILIZATION_BY_TYPE,
-    TOPOLOGY_LINKS, LINK_THROUGHPUT,
-)  # fmt: skip
+    OPS,
+    TRANSFERS,
+    CHIP_BUSY,
+    LINK_BUSY,
+    SPAN_EXTENT,
+    UTILIZATION,
+    UTILIZATION_BY_TYPE,
+    TOPOLOGY_LINKS,
+    LINK_THROUGHPUT,
+)
 
 
 def install(con: Any) -> None:

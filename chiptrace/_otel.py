@@ -23,8 +23,14 @@ from chiptrace.schema import COLUMN_ATTRIBUTES
 
 log = logging.getLogger("chiptrace")
 
-_KIND = {0: SpanKind.INTERNAL, 1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: SpanKind.CLIENT,
-         4: SpanKind.PRODUCER, 5: SpanKind.CONSUMER}  # fmt: skip
+_KIND = {
+    0: SpanKind.INTERNAL,
+    1: SpanKind.INTERNAL,
+    2: SpanKind.SERVER,
+    3: SpanKind.CLIENT,
+    4: SpanKind.PRODUCER,
+    5: SpanKind.CONSUMER,
+}
 _STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
 _FLAGS = TraceFlags(TraceFlags.SAMPLED)
 
@@ -48,7 +54,9 @@ def batch_to_readable_spans(batch: pa.RecordBatch | pa.Table) -> Iterator[Readab
         ctx = SpanContext(trace_id, int.from_bytes(row["span_id"], "big"), False, _FLAGS)
         parent = None
         if row["parent_span_id"] is not None:
-            parent = SpanContext(trace_id, int.from_bytes(row["parent_span_id"], "big"), False, _FLAGS)
+            parent = SpanContext(
+                trace_id, int.from_bytes(row["parent_span_id"], "big"), False, _FLAGS
+            )
         res_text = row["resource"] or "{}"
         if res_text not in resources:
             resources[res_text] = Resource(json.loads(res_text))

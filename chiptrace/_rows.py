@@ -29,9 +29,20 @@ from chiptrace.schema import (
 )
 
 _FIELD_NAMES = (
-    "trace_id", "span_id", "parent_id", "name", "kind", "start_ns", "end_ns", "status_code",
-    "status_message", "tags", "attributes", "events", "links",
-)  # fmt: skip
+    "trace_id",
+    "span_id",
+    "parent_id",
+    "name",
+    "kind",
+    "start_ns",
+    "end_ns",
+    "status_code",
+    "status_message",
+    "tags",
+    "attributes",
+    "events",
+    "links",
+)
 
 
 def _split_attributes(

@@ -122,9 +122,7 @@ class Span(otel_trace.Span):
 
     # OpenTelemetry Span interface -------------------------------------------------
     def get_span_context(self) -> SpanContext:
-        return SpanContext(
-            int.from_bytes(self.trace_id, "big"), self.span_id, False, _SAMPLED
-        )
+        return SpanContext(int.from_bytes(self.trace_id, "big"), self.span_id, False, _SAMPLED)
 
     def is_recording(self) -> bool:
         return self.end_ns == 0
@@ -144,7 +142,9 @@ class Span(otel_trace.Span):
     ) -> None:
         if self.events is None:
             self.events = []
-        self.events.append((name, timestamp or _time_ns(), dict(attributes) if attributes else None))
+        self.events.append(
+            (name, timestamp or _time_ns(), dict(attributes) if attributes else None)
+        )
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
         if context is None or not context.is_valid:
@@ -240,5 +240,3 @@ def _close(span: Span, token: Any) -> None:
     except ValueError:
         pass  # the token belongs to another context (a task or thread took over); harmless
     _finish(span)
-
-

@@ -48,6 +48,7 @@ __all__ = [
     "_STATE",
 ]
 
+
 @functools.lru_cache(maxsize=4096)
 def _tags(chip: str | None, link: str | None, op: str | None, precision: str | None) -> Tags:
     return Tags.build(chip=chip, link=link, op=op, precision=precision)
@@ -165,7 +166,9 @@ def _wrap_function(fn: Callable[P, R], name: str, tags: Tags, kind: int) -> Call
         if parent.__class__ is span_cls:
             span = span_cls(parent.trace_id, randbits(64) or 1, parent.span_id, name, kind, tags)
         elif parent is None and state.remote_root is None:  # a root span
-            span = span_cls(randbits(128).to_bytes(16, "big"), randbits(64) or 1, 0, name, kind, tags)
+            span = span_cls(
+                randbits(128).to_bytes(16, "big"), randbits(64) or 1, 0, name, kind, tags
+            )
         else:  # a remote or an OpenTelemetry parent: the general path
             span = None
         if span is None:

@@ -125,7 +125,9 @@ def resolve(env: Mapping[str, str] | None = None, **kwargs: Any) -> Config:
     resource = parse_resource_attributes(env.get(ENV_OTEL_RESOURCE, ""))
     resource.update(kwargs.get("resource") or {})
     _, service = pick("service", ENV_SERVICE, None)
-    service = service or env.get(ENV_OTEL_SERVICE) or resource.get("service.name") or _default_service()
+    service = (
+        service or env.get(ENV_OTEL_SERVICE) or resource.get("service.name") or _default_service()
+    )
     _, run_id = pick("run_id", ENV_RUN_ID, "")
     run_id = run_id or new_run_id()
     name, raw_dir = pick("dir", ENV_DIR, None)
@@ -137,7 +139,9 @@ def resolve(env: Mapping[str, str] | None = None, **kwargs: Any) -> Config:
     name, raw = pick("max_buffered", ENV_MAX_BUFFERED, DEFAULT_MAX_BUFFERED)
     max_buffered = _parse_number(name, raw, int, 1)
     _, otlp = pick("otlp_endpoint", ENV_OTLP_TRACES_ENDPOINT, None)
-    otlp = otlp or (env.get(ENV_OTLP_ENDPOINT) or None if kwargs.get("otlp_endpoint") is None else None)
+    otlp = otlp or (
+        env.get(ENV_OTLP_ENDPOINT) or None if kwargs.get("otlp_endpoint") is None else None
+    )
     return Config(
         enabled=enabled,
         dir=trace_dir,

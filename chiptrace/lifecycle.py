@@ -96,7 +96,12 @@ def _build_recorder(
 
     writer = PartWriter(
         cfg.dir,
-        manifest={"run_id": cfg.run_id, "service": cfg.service, "source": "code", **(manifest or {})},
+        manifest={
+            "run_id": cfg.run_id,
+            "service": cfg.service,
+            "source": "code",
+            **(manifest or {}),
+        },
     )
     all_sinks: list[SpanSink] = [StoreSink(writer), *sinks]
     all_sinks += [ExporterSink(e, cfg) for e in exporters]

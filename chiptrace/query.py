@@ -104,7 +104,11 @@ def connect(
     for path, reason in bad:
         log.warning("chiptrace: skipping unreadable part %s: %s", path, reason)
     # A run with host samples but no spans yet (`chiptrace record -- sleep 5`) is a trace.
-    if not good and not allow_empty and not any(part_files(d, "metrics") for d in dirs if d.is_dir()):
+    if (
+        not good
+        and not allow_empty
+        and not any(part_files(d, "metrics") for d in dirs if d.is_dir())
+    ):
         names = ", ".join(str(d) for d in dirs)
         raise StoreError(f"no trace parts in {names} (expected spans/*.parquet)")
     con = duckdb.connect(config={"threads": threads} if threads else {})

@@ -229,7 +229,16 @@ class Tags:
 
 
 NO_TAGS = Tags()
-TAG_COLUMNS = ("chip_id", "chip_type", "link_id", "link_type", "link_src", "link_dst", "op_kind", "op_precision")
+TAG_COLUMNS = (
+    "chip_id",
+    "chip_type",
+    "link_id",
+    "link_type",
+    "link_src",
+    "link_dst",
+    "op_kind",
+    "op_precision",
+)
 
 
 def constant_dict(value: str | None, n: int) -> pa.DictionaryArray:

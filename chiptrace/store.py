@@ -239,7 +239,9 @@ def check_part(path: Path) -> str | None:
     return None
 
 
-def good_parts(dirs: Iterable[Path], table: str = SPANS_DIR) -> tuple[list[Path], list[tuple[Path, str]]]:
+def good_parts(
+    dirs: Iterable[Path], table: str = SPANS_DIR
+) -> tuple[list[Path], list[tuple[Path, str]]]:
     """Split the parts of `dirs` into readable ones and (bad file, reason) pairs."""
     good: list[Path] = []
     bad: list[tuple[Path, str]] = []

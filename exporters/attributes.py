@@ -12,7 +12,14 @@ from typing import Any
 
 from chiptrace.schema import COLUMN_ATTRIBUTES
 
-KIND_NAMES = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+KIND_NAMES = {
+    0: "unspecified",
+    1: "internal",
+    2: "server",
+    3: "client",
+    4: "producer",
+    5: "consumer",
+}
 STATUS_NAMES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 
 
@@ -52,7 +59,13 @@ def links(row: dict[str, Any]) -> list[dict[str, Any]]:
     for lk in lks if isinstance(lks, list) else []:
         if isinstance(lk, dict) and lk.get("span_id"):
             trace = lk.get("trace_id") or _hex(row.get("trace_id"))
-            out.append({"trace_id": trace, "span_id": lk["span_id"], "attributes": lk.get("attributes") or {}})
+            out.append(
+                {
+                    "trace_id": trace,
+                    "span_id": lk["span_id"],
+                    "attributes": lk.get("attributes") or {},
+                }
+            )
     return out
 
 

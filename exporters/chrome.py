@@ -20,10 +20,10 @@ import os
 from typing import Any, TextIO
 
 import pyarrow as pa
+
 from chiptrace.exporters import attributes as A
 from chiptrace.exporters.source import SpanSource
 from chiptrace.exporters.textfile import write_text
-
 from chiptrace.schema import CHIP_TYPES
 
 
@@ -51,7 +51,10 @@ def assign_lanes(spans: list[tuple[int, int, int]]) -> dict[int, int]:
         key -> lane (0 is the track itself).
     """
     lanes: list[list[int]] = []
-    return {key: _place(lanes, start, end) for start, end, key in sorted(spans, key=lambda s: (s[0], -s[1]))}
+    return {
+        key: _place(lanes, start, end)
+        for start, end, key in sorted(spans, key=lambda s: (s[0], -s[1]))
+    }
 
 
 def _us(ns: int) -> float:
@@ -85,21 +88,39 @@ class _Writer:
 
     def run(self) -> int:
         con = self.source.con
-        tracks = list(self.source.stream(
-            f"SELECT {_HOST_SQL} AS h, {_TRACK_SQL} AS track, any_value(chip_id) AS chip_id, "
-            "any_value(chip_type) AS chip_type, any_value(link_id) AS link_id, "
-            "any_value(service) AS service, min(start_ns) AS t0 FROM selected GROUP BY ALL"))  # fmt: skip
+        tracks = list(
+            self.source.stream(
+                f"SELECT {_HOST_SQL} AS h, {_TRACK_SQL} AS track, any_value(chip_id) AS chip_id, "
+                "any_value(chip_type) AS chip_type, any_value(link_id) AS link_id, "
+                "any_value(service) AS service, min(start_ns) AS t0 FROM selected GROUP BY ALL"
+            )
+        )
         rows = pa.Table.from_batches(tracks).to_pylist() if tracks else []
         self.t0 = min((r["t0"] for r in rows), default=0)
         hosts = sorted({r["h"] for r in rows})
         pids = {h: i + 1 for i, h in enumerate(hosts)}
         meta: list[dict[str, Any]] = []
         for h, pid in pids.items():
-            meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": h}})
-            meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+            meta.append(
+                {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": h}}
+            )
+            meta.append(
+                {
+                    "ph": "M",
+                    "name": "process_sort_index",
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"sort_index": pid},
+                }
+            )
         order = sorted(rows, key=lambda r: (r["h"], _track_key(r)[:2]))
-        ranks = pa.table({"h": [r["h"] for r in order], "track": [r["track"] for r in order],
-                          "rank": list(range(len(order)))})  # fmt: skip
+        ranks = pa.table(
+            {
+                "h": [r["h"] for r in order],
+                "track": [r["track"] for r in order],
+                "rank": list(range(len(order))),
+            }
+        )
         names = [_track_key(r)[2] for r in order]
         con.register("chiptrace_tracks", ranks)
         self.fh.write('{"traceEvents":[')
@@ -107,15 +128,19 @@ class _Writer:
         placed = self._slices(pids, names)
         con.register("chiptrace_placed", placed)
         self._flows()
-        self.fh.write(f'],"displayTimeUnit":"ns","otherData":{{"generator":"chiptrace",'
-                      f'"t0_unix_ns":{self.t0},"spans":{self.slices}}}}}')  # fmt: skip
+        self.fh.write(
+            f'],"displayTimeUnit":"ns","otherData":{{"generator":"chiptrace",'
+            f'"t0_unix_ns":{self.t0},"spans":{self.slices}}}}}'
+        )
         return self.slices
 
     def _slices(self, pids: dict[str, int], names: list[str]) -> pa.Table:
-        sql = (f"SELECT s.*, t.rank AS _rank, t.h AS _h FROM "
-               f"(SELECT *, {_HOST_SQL} AS h, {_TRACK_SQL} AS track FROM selected) s "
-               "JOIN chiptrace_tracks t USING (h, track) "
-               "ORDER BY t.rank, s.start_ns, s.end_ns DESC, s.span_id")  # fmt: skip
+        sql = (
+            f"SELECT s.*, t.rank AS _rank, t.h AS _h FROM "
+            f"(SELECT *, {_HOST_SQL} AS h, {_TRACK_SQL} AS track FROM selected) s "
+            "JOIN chiptrace_tracks t USING (h, track) "
+            "ORDER BY t.rank, s.start_ns, s.end_ns DESC, s.span_id"
+        )
         rank, lanes, tids, tid = -1, [], {}, 0
         placed: list[pa.Table] = []
         for batch in self.source.stream(sql):
@@ -130,18 +155,47 @@ class _Writer:
                     tid += 1
                     tids[lane] = tid
                     name = names[rank] if lane == 0 else f"{names[rank]} #{lane + 1}"
-                    events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
-                    events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+                    events.append(
+                        {
+                            "ph": "M",
+                            "name": "thread_name",
+                            "pid": pid,
+                            "tid": tid,
+                            "args": {"name": name},
+                        }
+                    )
+                    events.append(
+                        {
+                            "ph": "M",
+                            "name": "thread_sort_index",
+                            "pid": pid,
+                            "tid": tid,
+                            "args": {"sort_index": tid},
+                        }
+                    )
                 self._slice(events, row, pid, tids[lane])
                 batch_pids.append(pid)
                 batch_tids.append(tids[lane])
             self._emit(events)
             self.slices += batch.num_rows
-            placed.append(pa.table({
-                "trace_id": batch.column("trace_id"), "span_id": batch.column("span_id"),
-                "pid": pa.array(batch_pids, pa.int32()), "tid": pa.array(batch_tids, pa.int32()),
-            }))  # fmt: skip
-        schema = pa.schema([("trace_id", pa.binary()), ("span_id", pa.binary()), ("pid", pa.int32()), ("tid", pa.int32())])
+            placed.append(
+                pa.table(
+                    {
+                        "trace_id": batch.column("trace_id"),
+                        "span_id": batch.column("span_id"),
+                        "pid": pa.array(batch_pids, pa.int32()),
+                        "tid": pa.array(batch_tids, pa.int32()),
+                    }
+                )
+            )
+        schema = pa.schema(
+            [
+                ("trace_id", pa.binary()),
+                ("span_id", pa.binary()),
+                ("pid", pa.int32()),
+                ("tid", pa.int32()),
+            ]
+        )
         return pa.concat_tables(placed) if placed else schema.empty_table()
 
     def _slice(self, events: list[dict[str, Any]], row: dict[str, Any], pid: int, tid: int) -> None:
@@ -155,18 +209,33 @@ class _Writer:
             args["service"] = row["service"]
         args.update(A.attributes(row))
         if row.get("status_code") == 2:
-            args["status"] = "ERROR" + (f": {row['status_message']}" if row.get("status_message") else "")
-        events.append({
-            "ph": "X", "name": row["name"], "cat": row.get("op_kind") or "span",
-            "ts": _us(row["start_ns"] - self.t0), "dur": _us(row["end_ns"] - row["start_ns"]),
-            "pid": pid, "tid": tid, "args": args,
-        })  # fmt: skip
+            args["status"] = "ERROR" + (
+                f": {row['status_message']}" if row.get("status_message") else ""
+            )
+        events.append(
+            {
+                "ph": "X",
+                "name": row["name"],
+                "cat": row.get("op_kind") or "span",
+                "ts": _us(row["start_ns"] - self.t0),
+                "dur": _us(row["end_ns"] - row["start_ns"]),
+                "pid": pid,
+                "tid": tid,
+                "args": args,
+            }
+        )
         for ev in A.events(row):
-            events.append({
-                "ph": "i", "s": "t", "name": str(ev.get("name", "")), "pid": pid, "tid": tid,
-                "ts": _us(int(ev.get("time_ns", row["start_ns"])) - self.t0),
-                "args": ev.get("attributes") or {},
-            })  # fmt: skip
+            events.append(
+                {
+                    "ph": "i",
+                    "s": "t",
+                    "name": str(ev.get("name", "")),
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": _us(int(ev.get("time_ns", row["start_ns"])) - self.t0),
+                    "args": ev.get("attributes") or {},
+                }
+            )
 
     def _flows(self) -> None:
         """A flow from each transfer to the span it feeds: the span links to it (the
@@ -204,10 +273,29 @@ class _Writer:
             events: list[dict[str, Any]] = []
             for f in batch.to_pylist():
                 flow_id += 1
-                events.append({"ph": "s", "id": flow_id, "name": "feeds", "cat": "flow",
-                               "pid": f["spid"], "tid": f["stid"], "ts": _us(f["s_ts"] - self.t0)})  # fmt: skip
-                events.append({"ph": "f", "bp": "e", "id": flow_id, "name": "feeds", "cat": "flow",
-                               "pid": f["dpid"], "tid": f["dtid"], "ts": _us(f["d_ts"] - self.t0)})  # fmt: skip
+                events.append(
+                    {
+                        "ph": "s",
+                        "id": flow_id,
+                        "name": "feeds",
+                        "cat": "flow",
+                        "pid": f["spid"],
+                        "tid": f["stid"],
+                        "ts": _us(f["s_ts"] - self.t0),
+                    }
+                )
+                events.append(
+                    {
+                        "ph": "f",
+                        "bp": "e",
+                        "id": flow_id,
+                        "name": "feeds",
+                        "cat": "flow",
+                        "pid": f["dpid"],
+                        "tid": f["dtid"],
+                        "ts": _us(f["d_ts"] - self.t0),
+                    }
+                )
             self._emit(events)
 
 

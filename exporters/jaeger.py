@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import pyarrow as pa
+
+from chiptrace.errors import ChiptraceError
 from chiptrace.exporters import attributes as A
 from chiptrace.exporters.source import SpanSource
 from chiptrace.exporters.textfile import write_text
-
-from chiptrace.errors import ChiptraceError
 
 log = logging.getLogger("chiptrace")
 
@@ -73,7 +73,9 @@ def _logs(row: dict[str, Any]) -> list[dict[str, Any]]:
 def _references(row: dict[str, Any], trace_id: str) -> list[dict[str, str]]:
     refs = []
     if row.get("parent_span_id") is not None:
-        refs.append({"refType": "CHILD_OF", "traceID": trace_id, "spanID": A.hex_id(row["parent_span_id"])})
+        refs.append(
+            {"refType": "CHILD_OF", "traceID": trace_id, "spanID": A.hex_id(row["parent_span_id"])}
+        )
     for lk in A.links(row):
         refs.append({"refType": "FOLLOWS_FROM", "traceID": lk["trace_id"], "spanID": lk["span_id"]})
     return refs
@@ -152,7 +154,11 @@ class _TraceWriter:
     def _close_trace(self) -> str:
         if self.trace_id is None:
             return ""
-        return '],"processes":' + json.dumps(self.processes, separators=(",", ":")) + ',"warnings":null}'
+        return (
+            '],"processes":'
+            + json.dumps(self.processes, separators=(",", ":"))
+            + ',"warnings":null}'
+        )
 
     def finish(self) -> None:
         self.fh.write(self._close_trace())
@@ -216,12 +222,26 @@ def _check_trace(path: Any, tr: Any, out: JaegerFile) -> None:
             out.warnings.append(f"{where}: duplicate spanID {sp['spanID']}")
         seen.add(sp["spanID"])
         if not isinstance(sp["startTime"], int) or not isinstance(sp["duration"], int):
-            raise JaegerFormatError(f"{path}: {where}: startTime/duration must be integer microseconds")
+            raise JaegerFormatError(
+                f"{path}: {where}: startTime/duration must be integer microseconds"
+            )
     for sp in tr["spans"]:
         for ref in sp.get("references") or []:
-            _check_id(path, f"trace {tr['traceID']} span {sp['spanID']}", "reference spanID", ref.get("spanID"), 16)
-            if ref.get("refType") == "CHILD_OF" and ref.get("traceID") == tr["traceID"] and ref["spanID"] not in seen:
-                out.warnings.append(f"trace {tr['traceID']} span {sp['spanID']}: parent {ref['spanID']} is missing")
+            _check_id(
+                path,
+                f"trace {tr['traceID']} span {sp['spanID']}",
+                "reference spanID",
+                ref.get("spanID"),
+                16,
+            )
+            if (
+                ref.get("refType") == "CHILD_OF"
+                and ref.get("traceID") == tr["traceID"]
+                and ref["spanID"] not in seen
+            ):
+                out.warnings.append(
+                    f"trace {tr['traceID']} span {sp['spanID']}: parent {ref['spanID']} is missing"
+                )
     out.traces.append(tr)
     out.spans += len(tr["spans"])
 

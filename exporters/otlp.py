@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+
 from chiptrace.exporters.otlp_config import ENV_TRACES_ENDPOINT, OtlpSettings, resolve
 from chiptrace.exporters.otlp_encode import encode_spans, requests
 from chiptrace.exporters.otlp_transport import ExportError, make_transport, send_with_retry
@@ -77,7 +78,9 @@ def export_batches(
         for batch in _whole_requests(batches, batch_spans):
             for body, n in requests(encode_spans(batch), batch_spans):
                 try:
-                    rejected += send_with_retry(transport, body, retries=retries, backoff_s=backoff_s)
+                    rejected += send_with_retry(
+                        transport, body, retries=retries, backoff_s=backoff_s
+                    )
                 except ExportError as e:
                     of = f" of {total}" if total is not None else ""
                     raise ExportError(
@@ -202,7 +205,10 @@ class OtlpSink:
         if self.dropped or self.failed:
             log.warning(
                 "chiptrace: OTLP sink to %s: %d spans sent, %d dropped, %d failed",
-                self.settings.url, self.sent, self.dropped, self.failed,
+                self.settings.url,
+                self.sent,
+                self.dropped,
+                self.failed,
             )
 
     def _run(self) -> None:

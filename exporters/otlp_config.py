@@ -108,7 +108,9 @@ def _check_url(name: str, url: str) -> str:
     return url
 
 
-def _endpoint(endpoint: str | None, env: Mapping[str, str], protocol: str | None) -> tuple[str, str]:
+def _endpoint(
+    endpoint: str | None, env: Mapping[str, str], protocol: str | None
+) -> tuple[str, str]:
     """(protocol, url): explicit endpoints and the generic variable are base URLs."""
     if endpoint:
         url, base = _check_url("--otlp", endpoint), True
@@ -151,7 +153,9 @@ def resolve(
         found = _first(env, ENV_TRACES_COMPRESSION, ENV_COMPRESSION)
         compression = found[1].lower() if found else "none"
     if compression not in COMPRESSIONS:
-        raise ConfigError(f"OTLP compression {compression!r}: expected one of {', '.join(COMPRESSIONS)}")
+        raise ConfigError(
+            f"OTLP compression {compression!r}: expected one of {', '.join(COMPRESSIONS)}"
+        )
     if timeout_s is None:
         found = _first(env, ENV_TRACES_TIMEOUT, ENV_TIMEOUT)
         timeout_s = _timeout_ms(*found) / 1000 if found else DEFAULT_TIMEOUT_S

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from chiptrace.exporters._wire import field, key_value, key_values, length, varint
 
+from chiptrace.exporters._wire import field, key_value, key_values, length, varint
 from chiptrace.schema import COLUMN_ATTRIBUTES
 
 # Span fields (trace.proto): the tag bytes of each.
@@ -38,13 +38,23 @@ _INT_ATTRS = ("op_bytes", "op_flops")
 
 _FIXED = np.dtype(
     [
-        ("t1", "u1"), ("l1", "u1"), ("trace_id", "V16"),
-        ("t2", "u1"), ("l2", "u1"), ("span_id", "V8"),
-        ("t7", "u1"), ("start", "<u8"), ("t8", "u1"), ("end", "<u8"),
-        ("t16", "V2"), ("flags", "<u4"),
-        ("t4", "u1"), ("l4", "u1"), ("parent", "V8"),  # last: cut off when there is no parent
+        ("t1", "u1"),
+        ("l1", "u1"),
+        ("trace_id", "V16"),
+        ("t2", "u1"),
+        ("l2", "u1"),
+        ("span_id", "V8"),
+        ("t7", "u1"),
+        ("start", "<u8"),
+        ("t8", "u1"),
+        ("end", "<u8"),
+        ("t16", "V2"),
+        ("flags", "<u4"),
+        ("t4", "u1"),
+        ("l4", "u1"),
+        ("parent", "V8"),  # last: cut off when there is no parent
     ]
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -196,7 +206,9 @@ def _encode_links(links: Any) -> bytes:
 
 
 def _status_piece(code: int | None, msg: str | None) -> bytes:
-    body = (field(b"\x12", msg.encode()) if msg else b"") + (b"\x18" + varint(code) if code else b"")
+    body = (field(b"\x12", msg.encode()) if msg else b"") + (
+        b"\x18" + varint(code) if code else b""
+    )
     return field(_T_STATUS, body)  # present even when empty, as the SDK does
 
 
@@ -281,7 +293,9 @@ def _request(enc: EncodedSpans, lo: int, hi: int) -> bytes:
     out = []
     for r, by_scope in groups.items():
         body = field(b"\x0a", enc.resources[r])
-        body += b"".join(field(b"\x12", _scope_spans(enc.scopes[s], sp)) for s, sp in by_scope.items())
+        body += b"".join(
+            field(b"\x12", _scope_spans(enc.scopes[s], sp)) for s, sp in by_scope.items()
+        )
         out.append(field(b"\x0a", body))
     return b"".join(out)
 

@@ -18,19 +18,25 @@ import time
 import urllib.parse
 from typing import Any, Protocol
 
-from chiptrace.exporters.otlp_config import OtlpSettings
-
 from chiptrace._version import __version__
 from chiptrace.errors import ChiptraceError, ConfigError
+from chiptrace.exporters.otlp_config import OtlpSettings
 
 log = logging.getLogger("chiptrace")
 
 GRPC_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
 RETRYABLE_GRPC = frozenset(
-    {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "ABORTED", "CANCELLED",
-     "OUT_OF_RANGE", "DATA_LOSS"}
-)  # fmt: skip
+    {
+        "UNAVAILABLE",
+        "RESOURCE_EXHAUSTED",
+        "DEADLINE_EXCEEDED",
+        "ABORTED",
+        "CANCELLED",
+        "OUT_OF_RANGE",
+        "DATA_LOSS",
+    }
+)
 MAX_BACKOFF_S = 8.0
 
 
@@ -118,7 +124,9 @@ class HttpTransport:
         if resp.status in RETRYABLE_HTTP:
             raise TransientError(reason, _retry_after(resp.getheader("Retry-After")))
         detail = data[:200].decode("utf-8", "replace").strip().splitlines()
-        raise ExportError(f"{self.settings.url} answered {reason}" + (f": {detail[0]}" if detail else ""))
+        raise ExportError(
+            f"{self.settings.url} answered {reason}" + (f": {detail[0]}" if detail else "")
+        )
 
     def close(self) -> None:
         if self.conn is not None:
@@ -171,7 +179,9 @@ class GrpcTransport:
             )
         except self._grpc.RpcError as e:
             code = e.code().name if hasattr(e, "code") else "UNKNOWN"
-            detail = (e.details() or "").splitlines()[0] if hasattr(e, "details") and e.details() else ""
+            detail = (
+                (e.details() or "").splitlines()[0] if hasattr(e, "details") and e.details() else ""
+            )
             reason = f"gRPC {code}" + (f" ({detail})" if detail else "")
             if code in RETRYABLE_GRPC:
                 raise TransientError(reason) from e
@@ -212,6 +222,8 @@ def send_with_retry(
             delay = min(MAX_BACKOFF_S, backoff_s * 2**attempt) * random.uniform(0.8, 1.2)
             if e.retry_after_s is not None:
                 delay = min(MAX_BACKOFF_S, max(delay, e.retry_after_s))
-            log.debug("chiptrace: OTLP attempt %d failed (%s); retrying in %.2fs", attempt + 1, e, delay)
+            log.debug(
+                "chiptrace: OTLP attempt %d failed (%s); retrying in %.2fs", attempt + 1, e, delay
+            )
             sleep(delay)
     raise AssertionError("unreachable")

@@ -99,8 +99,11 @@ class SpanSource:
         StoreError: no trace parts. QueryError: the --where condition is not valid SQL.
     """
 
-    def __init__(self, dirs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-                 span_filter: SpanFilter | None = None) -> None:
+    def __init__(
+        self,
+        dirs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+        span_filter: SpanFilter | None = None,
+    ) -> None:
         from chiptrace.query import connect, run_sql
 
         self.filter = span_filter or SpanFilter()

@@ -78,7 +78,11 @@ def main(out: str) -> None:
     if failed:
         sys.exit(f"ranks failed with exit codes {failed}")
     con = chiptrace.connect(out)
-    print(con.sql("SELECT pid, count(*) AS spans, count(DISTINCT trace_id) AS traces FROM spans GROUP BY 1 ORDER BY 1"))
+    print(
+        con.sql(
+            "SELECT pid, count(*) AS spans, count(DISTINCT trace_id) AS traces FROM spans GROUP BY 1 ORDER BY 1"
+        )
+    )
 
 
 if __name__ == "__main__":

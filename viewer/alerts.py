@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from chiptrace.viewer.model import Snapshot
 
 SATURATED = 0.90  # throughput / bandwidth, or busy fraction when no bandwidth is known
@@ -36,11 +37,18 @@ def saturated_links(snap: Snapshot) -> list[Alert]:
     for link in snap.links:
         sat = link.saturation
         if sat is not None and sat >= SATURATED:
-            out.append(Alert("high", "link-saturated", link.id,
-                             f"{link.id} at {sat:.0%} of its bandwidth"))  # fmt: skip
+            out.append(
+                Alert("high", "link-saturated", link.id, f"{link.id} at {sat:.0%} of its bandwidth")
+            )
         elif sat is None and link.utilization >= SATURATED:
-            out.append(Alert("medium", "link-busy", link.id,
-                             f"{link.id} busy {link.utilization:.0%} of the window"))  # fmt: skip
+            out.append(
+                Alert(
+                    "medium",
+                    "link-busy",
+                    link.id,
+                    f"{link.id} busy {link.utilization:.0%} of the window",
+                )
+            )
         elif link.utilization >= SATURATED:  # always busy, yet far below its nominal bandwidth
             slow.append(link)
     # A transfer is as slow as its narrowest hop, so the hops after a degraded link look slow
@@ -48,9 +56,15 @@ def saturated_links(snap: Snapshot) -> list[Alert]:
     directions = {(r.type, r.src, r.dst) for r in slow}
     for r in slow:
         both = (r.type, r.dst, r.src) in directions and r.src != r.dst
-        out.append(Alert("high" if both else "medium", "link-slow", r.id,
-                         f"{r.id} busy {r.utilization:.0%} at {r.saturation:.0%} of its bandwidth: "
-                         + ("degraded?" if both else "waits on a slower hop or latency")))  # fmt: skip
+        out.append(
+            Alert(
+                "high" if both else "medium",
+                "link-slow",
+                r.id,
+                f"{r.id} busy {r.utilization:.0%} at {r.saturation:.0%} of its bandwidth: "
+                + ("degraded?" if both else "waits on a slower hop or latency"),
+            )
+        )
     return out
 
 
@@ -64,8 +78,14 @@ def idle_chips(snap: Snapshot, chip_type: str = "gpu") -> list[Alert]:
         peers = [p.utilization for p in rows if p.id != r.id]
         mean = float(np.mean(peers))
         if r.utilization <= IDLE and mean >= PEERS_BUSY:
-            out.append(Alert("high", f"idle-{chip_type}", r.id,
-                             f"{r.id} idle ({r.utilization:.0%}) while peers average {mean:.0%}"))  # fmt: skip
+            out.append(
+                Alert(
+                    "high",
+                    f"idle-{chip_type}",
+                    r.id,
+                    f"{r.id} idle ({r.utilization:.0%}) while peers average {mean:.0%}",
+                )
+            )
     return out
 
 
@@ -78,8 +98,14 @@ def stragglers(snap: Snapshot) -> list[Alert]:
         med = float(np.median([r.utilization for r in rows]))
         for r in rows:
             if med >= 0.05 and r.utilization >= med + 0.25 and r.utilization >= 1.3 * med:
-                out.append(Alert("medium", "straggler", r.id,
-                                 f"{r.id} busy {r.utilization:.0%} vs {chip_type} median {med:.0%}"))  # fmt: skip
+                out.append(
+                    Alert(
+                        "medium",
+                        "straggler",
+                        r.id,
+                        f"{r.id} busy {r.utilization:.0%} vs {chip_type} median {med:.0%}",
+                    )
+                )
     return out
 
 
@@ -90,7 +116,10 @@ def dropped_spans(snap: Snapshot) -> list[Alert]:
 
 
 RULES: tuple[Callable[[Snapshot], list[Alert]], ...] = (
-    saturated_links, idle_chips, stragglers, dropped_spans,
+    saturated_links,
+    idle_chips,
+    stragglers,
+    dropped_spans,
 )
 _RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
 

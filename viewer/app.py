@@ -12,14 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chiptrace.viewer.alerts import Alert, derive_alerts, from_findings, merge
-from chiptrace.viewer.model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
-from chiptrace.viewer.queries import LiveStore
-from chiptrace.viewer.sources import SpanFeed
-from chiptrace.viewer.widgets.dashboard import Dashboard
-from chiptrace.viewer.widgets.explorer import Explorer
-from chiptrace.viewer.widgets.help_screen import HelpScreen
-from chiptrace.viewer.widgets.sql_console import SqlConsole
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -29,6 +21,14 @@ from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from chiptrace.errors import ChiptraceError
+from chiptrace.viewer.alerts import Alert, derive_alerts, from_findings, merge
+from chiptrace.viewer.model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
+from chiptrace.viewer.queries import LiveStore
+from chiptrace.viewer.sources import SpanFeed
+from chiptrace.viewer.widgets.dashboard import Dashboard
+from chiptrace.viewer.widgets.explorer import Explorer
+from chiptrace.viewer.widgets.help_screen import HelpScreen
+from chiptrace.viewer.widgets.sql_console import SqlConsole
 
 ZOOM_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)  # window = bucket x step
 
@@ -166,7 +166,9 @@ class ViewerApp(App[None]):
         self.alerts = merge(derive_alerts(self.snapshot), self.deep_alerts)
         try:
             if self._main(TabbedContent).active == "dashboard":
-                self._main(Dashboard).show(self.snapshot, self.alerts, self.source_name, self.paused)
+                self._main(Dashboard).show(
+                    self.snapshot, self.alerts, self.source_name, self.paused
+                )
         except NoMatches:  # not composed yet, or already torn down
             pass
         self.refreshes += 1

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+
+from chiptrace.schema import CHIP_TYPES
+from chiptrace.store import part_files
 from chiptrace.viewer.alerts import Alert, derive_alerts
 from chiptrace.viewer.model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
 from chiptrace.viewer.render import human_bytes_per_s, human_count, human_ns
 from chiptrace.viewer.sources import DirSource, SpanFeed
-
-from chiptrace.schema import CHIP_TYPES
-from chiptrace.store import part_files
 
 MIN_BUCKET_NS = 1_000
 
@@ -52,16 +52,21 @@ def choose_bucket(extent_ns: int | None) -> tuple[int, int | None]:
     return bucket, max(bucket, extent_ns // 20)
 
 
-def dir_app(directory: str | Path, replay: float | None = None, window_ns: int | None = None,
-            bucket_ns: int | None = None):  # noqa: ANN201 - imports Textual lazily  # fmt: skip
+def dir_app(
+    directory: str | Path,
+    replay: float | None = None,
+    window_ns: int | None = None,
+    bucket_ns: int | None = None,
+):  # noqa: ANN201 - imports Textual lazily
     """A ViewerApp following (or replaying) a trace dir."""
     from chiptrace.viewer.app import ViewerApp
 
     directory = Path(directory)
     extent = trace_extent(directory) if directory.is_dir() else None
     b, w = choose_bucket(extent[1] - extent[0] if extent else None)
-    return ViewerApp([DirSource(directory, replay=replay)], bucket_ns=bucket_ns or b,
-                     window_ns=window_ns or w)  # fmt: skip
+    return ViewerApp(
+        [DirSource(directory, replay=replay)], bucket_ns=bucket_ns or b, window_ns=window_ns or w
+    )
 
 
 def summarize_dir(directory: str | Path, window_ns: int | None = None) -> str:
@@ -83,8 +88,11 @@ def summary_text(snap: Snapshot, alerts: Sequence[Alert]) -> str:
     """Plain lines: load per chip type, the busiest links, alerts, the slowest ops."""
     if snap.empty:
         return "no spans yet"
-    lines = [f"window {human_ns(snap.window_ns)} ending at the last span · "
-             f"{human_count(snap.spans_total)} spans seen · dropped {snap.dropped:,}", ""]  # fmt: skip
+    lines = [
+        f"window {human_ns(snap.window_ns)} ending at the last span · "
+        f"{human_count(snap.spans_total)} spans seen · dropped {snap.dropped:,}",
+        "",
+    ]
     for t in CHIP_TYPES:
         rows = snap.chips.get(t, [])
         if not rows:
@@ -92,22 +100,32 @@ def summary_text(snap: Snapshot, alerts: Sequence[Alert]) -> str:
             continue
         mean = sum(r.utilization for r in rows) / len(rows)
         top = ", ".join(f"{r.id} {r.utilization:.0%}" for r in rows[:6])
-        lines.append(f"  {t:<7} {len(rows):>3} chips  avg {mean:4.0%}  ({top}{', …' if len(rows) > 6 else ''})")
+        lines.append(
+            f"  {t:<7} {len(rows):>3} chips  avg {mean:4.0%}  ({top}{', …' if len(rows) > 6 else ''})"
+        )
     if snap.links:
         lines.append("")
         busiest = sorted(snap.links, key=lambda r: -r.bytes_per_s)[:6]
         for r in busiest:
-            sat = f"{r.saturation:.0%} of bandwidth" if r.saturation is not None else f"busy {r.utilization:.0%}"
+            sat = (
+                f"{r.saturation:.0%} of bandwidth"
+                if r.saturation is not None
+                else f"busy {r.utilization:.0%}"
+            )
             lines.append(f"  {r.id:<28} {human_bytes_per_s(r.bytes_per_s)}  {sat}")
     lines.append("")
     lines += [f"  ALERT {a.severity}: {a.message}" for a in alerts] or ["  no bottleneck alerts"]
     if snap.slowest:
         lines.append("")
-        lines += [f"  slow  {s.name} on {s.where}: {human_ns(s.duration_ns)}" for s in snap.slowest[:5]]
+        lines += [
+            f"  slow  {s.name} on {s.where}: {human_ns(s.duration_ns)}" for s in snap.slowest[:5]
+        ]
     return "\n".join(lines)
 
 
-def save_screenshot(app, path: str | Path, size: tuple[int, int] = (100, 32), settle_s: float = 1.0) -> Path:  # noqa: ANN001
+def save_screenshot(
+    app, path: str | Path, size: tuple[int, int] = (100, 32), settle_s: float = 1.0
+) -> Path:  # noqa: ANN001
     """Run `app` headless until its sources have been read, save the screen as SVG, quit."""
     path = Path(path)
 
@@ -156,7 +174,9 @@ class LiveRun:
         finally:
             self.done.set()
             if self.error is None and self.app is not None and self.app.is_running:
-                self.app.call_from_thread(self.app.notify, "run finished: the dashboard holds its last window")
+                self.app.call_from_thread(
+                    self.app.notify, "run finished: the dashboard holds its last window"
+                )
 
     def start(self) -> LiveRun:
         self._thread.start()
@@ -173,8 +193,12 @@ def live_app(out: str | Path, target: Callable[[SpanFeed], Any], name: str):  # 
     # A 1 s window of 10 ms buckets. Shorter windows show the host path (NIC, CPU, DPU) and
     # the NPUs at 0%: the emulator prefetches a step's input a step (~80 ms) ahead, and those
     # spans arrive with the step they feed, after the window has moved past them.
-    app = ViewerApp([FeedSource(out, name=name)], feed=run.feed, bucket_ns=DEFAULT_BUCKET_NS,
-                    window_ns=DEFAULT_BUCKET_NS * 100)  # fmt: skip
+    app = ViewerApp(
+        [FeedSource(out, name=name)],
+        feed=run.feed,
+        bucket_ns=DEFAULT_BUCKET_NS,
+        window_ns=DEFAULT_BUCKET_NS * 100,
+    )
     run.app = app
     return app, run
 

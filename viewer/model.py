@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from chiptrace.viewer.snapshot import SeriesRow, SlowSpan, Snapshot
 
 from chiptrace.schema import CHIP_TYPES
+from chiptrace.viewer.snapshot import SeriesRow, SlowSpan, Snapshot
 
 DEFAULT_BUCKET_NS = 10_000_000  # 10 ms: fine enough for a live rack, 4096 of them = 41 s
 DEFAULT_BUCKETS = 4096
@@ -83,7 +83,9 @@ class LiveModel:
         n_buckets: buckets kept; history older than bucket_ns * n_buckets is forgotten.
     """
 
-    def __init__(self, bucket_ns: int = DEFAULT_BUCKET_NS, n_buckets: int = DEFAULT_BUCKETS) -> None:
+    def __init__(
+        self, bucket_ns: int = DEFAULT_BUCKET_NS, n_buckets: int = DEFAULT_BUCKETS
+    ) -> None:
         self.bucket_ns = int(bucket_ns)
         self.n_buckets = int(n_buckets)
         self.chips = _Ring(self.n_buckets)
@@ -109,13 +111,20 @@ class LiveModel:
                 continue
             with self._lock:
                 for cid, c in _items(topo.get("chips")):
-                    ctype = str(c.get("type") or c.get("chip_type") or cid.rsplit("/", 1)[-1].split(":")[0])
+                    ctype = str(
+                        c.get("type") or c.get("chip_type") or cid.rsplit("/", 1)[-1].split(":")[0]
+                    )
                     if ctype in CHIP_TYPES:
                         self.chips.row(cid, type=ctype)
                 for lid, lk in _items(topo.get("links")):
                     bw = _bandwidth(lk)
-                    self.links.row(lid, type=lk.get("type") or lk.get("link_type") or lid.split(":")[0],
-                                   src=lk.get("src"), dst=lk.get("dst"), bandwidth=bw)  # fmt: skip
+                    self.links.row(
+                        lid,
+                        type=lk.get("type") or lk.get("link_type") or lid.split(":")[0],
+                        src=lk.get("src"),
+                        dst=lk.get("dst"),
+                        bandwidth=bw,
+                    )
 
     # ------------------------------------------------------------ ingest
 
@@ -210,8 +219,15 @@ class LiveModel:
         self._accumulate(self.links.busy, r, s, e)
         self._accumulate(self.links.bytes, r, s, e, rate, instant=nbytes)
 
-    def _accumulate(self, acc: np.ndarray, rows: np.ndarray, s: np.ndarray, e: np.ndarray,
-                    rate: np.ndarray | None = None, instant: np.ndarray | None = None) -> None:  # fmt: skip
+    def _accumulate(
+        self,
+        acc: np.ndarray,
+        rows: np.ndarray,
+        s: np.ndarray,
+        e: np.ndarray,
+        rate: np.ndarray | None = None,
+        instant: np.ndarray | None = None,
+    ) -> None:
         """Add each span's overlap with each bucket (times rate) into acc[row, bucket]."""
         b = self.bucket_ns
         lo = (self.head - self.n_buckets + 1) * b
@@ -241,7 +257,8 @@ class LiveModel:
     def _keep_slowest(self, batch: pa.RecordBatch, start: np.ndarray, end: np.ndarray) -> None:
         # Ops only: spans on a chip or link (a root span is as long as its whole step).
         on = batch.column("chip_id").is_valid().to_numpy(zero_copy_only=False) | batch.column(
-            "link_id").is_valid().to_numpy(zero_copy_only=False)  # fmt: skip
+            "link_id"
+        ).is_valid().to_numpy(zero_copy_only=False)
         dur = np.where(on, end - start, -1)
         top = np.argsort(dur)[-SLOW_KEEP:][::-1]
         top = top[dur[top] >= 0]
@@ -319,16 +336,38 @@ class LiveModel:
         links = []
         for lid, r in self._order(self.links):
             m = self.links.meta[r]
-            links.append(SeriesRow(lid, str(m.get("type")), lu[r], lh.get(r, blank), bytes_per_s=lb[r],
-                                   bandwidth=m.get("bandwidth"), src=m.get("src"), dst=m.get("dst")))  # fmt: skip
-        return Snapshot(since, until, wb * b, chips, links, self._slowest(since), self.spans_total,
-                        self._rate(), self.dropped, self.head_ns if self.head >= 0 else 0)  # fmt: skip
+            links.append(
+                SeriesRow(
+                    lid,
+                    str(m.get("type")),
+                    lu[r],
+                    lh.get(r, blank),
+                    bytes_per_s=lb[r],
+                    bandwidth=m.get("bandwidth"),
+                    src=m.get("src"),
+                    dst=m.get("dst"),
+                )
+            )
+        return Snapshot(
+            since,
+            until,
+            wb * b,
+            chips,
+            links,
+            self._slowest(since),
+            self.spans_total,
+            self._rate(),
+            self.dropped,
+            self.head_ns if self.head >= 0 else 0,
+        )
 
     def _order(self, ring: _Ring) -> list[tuple[str, int]]:
         """(key, row) in natural order (gpu:2 before gpu:10), re-sorted only when keys change."""
         cached = self._orders.get(id(ring))
         if cached is None or len(cached) != len(ring.keys):
-            cached = self._orders[id(ring)] = sorted(ring.keys.items(), key=lambda kv: _natural(kv[0]))
+            cached = self._orders[id(ring)] = sorted(
+                ring.keys.items(), key=lambda kv: _natural(kv[0])
+            )
         return cached
 
     def _slowest(self, since: int, n: int = 10) -> list[SlowSpan]:
@@ -350,21 +389,32 @@ class LiveModel:
 def _ints(col: pa.Array | pa.ChunkedArray, fill: int | None = None) -> np.ndarray:
     if fill is not None:
         col = col.fill_null(fill)
-    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) if isinstance(
-        col, pa.Array) else np.asarray(col.to_numpy(), dtype=np.int64)  # fmt: skip
+    return (
+        col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        if isinstance(col, pa.Array)
+        else np.asarray(col.to_numpy(), dtype=np.int64)
+    )
 
 
 def _items(section: Any) -> list[tuple[str, Mapping[str, Any]]]:
     if isinstance(section, Mapping):
         return [(str(v.get("id") or k), v) for k, v in section.items() if isinstance(v, Mapping)]
     if isinstance(section, list):
-        return [(str(v.get("id") or v.get("link_id") or v.get("chip_id")), v)
-                for v in section if isinstance(v, Mapping) and (v.get("id") or v.get("link_id") or v.get("chip_id"))]  # fmt: skip
+        return [
+            (str(v.get("id") or v.get("link_id") or v.get("chip_id")), v)
+            for v in section
+            if isinstance(v, Mapping) and (v.get("id") or v.get("link_id") or v.get("chip_id"))
+        ]
     return []
 
 
-_BW_KEYS = {"bandwidth_Bps": 1.0, "bandwidth_bytes_per_s": 1.0, "bandwidth_GBps": 1e9,
-            "bandwidth_bps": 1 / 8, "bandwidth": 1.0}  # fmt: skip
+_BW_KEYS = {
+    "bandwidth_Bps": 1.0,
+    "bandwidth_bytes_per_s": 1.0,
+    "bandwidth_GBps": 1e9,
+    "bandwidth_bps": 1 / 8,
+    "bandwidth": 1.0,
+}
 
 
 def _bandwidth(link: Mapping[str, Any]) -> float | None:

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from chiptrace.viewer.sources import SpanFeed
 
 from chiptrace.collector.receiver import OtlpReceiver
 from chiptrace.collector.receiver import parse_address as _parse
 from chiptrace.config import resolve
 from chiptrace.recorder import Recorder, StoreSink
 from chiptrace.store import PartWriter, read_manifests
+from chiptrace.viewer.sources import SpanFeed
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -41,7 +41,9 @@ class OtlpSource:
         out: a trace dir to store the spans in; None stores into a temporary dir.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 4318, out: str | Path | None = None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 4318, out: str | Path | None = None
+    ) -> None:
         self.feed = SpanFeed()
         self.receiver = OtlpReceiver(self.take, http=f"{host}:{port}").start()
         self.port = self.receiver.http_port
@@ -76,8 +78,10 @@ class OtlpSource:
         from chiptrace.viewer.model import LiveModel
 
         model = LiveModel()
-        print(f"chiptrace: receiving OTLP/HTTP on http://{self.host}:{self.port}/v1/traces (Ctrl-C ends)",
-              flush=True)  # fmt: skip
+        print(
+            f"chiptrace: receiving OTLP/HTTP on http://{self.host}:{self.port}/v1/traces (Ctrl-C ends)",
+            flush=True,
+        )
         try:
             while True:
                 time.sleep(0.2)

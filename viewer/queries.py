@@ -116,8 +116,14 @@ def critical_span_ids(spans: pa.Table) -> set[str]:
 def _last_predecessor_path(spans: pa.Table) -> set[str]:
     """Fallback: from the last leaf to finish, step back to the chip/link span that ended
     last before the current one started. O(path x log n)."""
-    on = np.array([(c is not None) or (lk is not None) for c, lk in
-                   zip(spans["chip_id"].to_pylist(), spans["link_id"].to_pylist(), strict=True)])  # fmt: skip
+    on = np.array(
+        [
+            (c is not None) or (lk is not None)
+            for c, lk in zip(
+                spans["chip_id"].to_pylist(), spans["link_id"].to_pylist(), strict=True
+            )
+        ]
+    )
     if not on.any():
         return set()
     idx = np.flatnonzero(on)

@@ -36,7 +36,7 @@ def bar(fraction: float, width: int) -> str:
 
 def sparkline(values: np.ndarray, width: int) -> str:
     """The last `width` fractions (0..1) as block characters; NaN (no data yet) is blank."""
-    vals = np.asarray(values, dtype=float)[-max(width, 1):]
+    vals = np.asarray(values, dtype=float)[-max(width, 1) :]
     chars = [" " if not np.isfinite(v) else _SPARK[int(round(min(max(v, 0), 1) * 7))] for v in vals]
     text = "".join(chars).rjust(width)
     return f"[$accent]{text}[/]"

@@ -140,7 +140,9 @@ class DirSource:
 
     def _replay(self, tables: list[pa.Table], feed: SpanFeed) -> None:
         if tables:
-            merged = pa.concat_tables(([self._pending] if self._pending is not None else []) + tables)
+            merged = pa.concat_tables(
+                ([self._pending] if self._pending is not None else []) + tables
+            )
             merged = merged.unify_dictionaries().combine_chunks()
             merged = merged.take(pc.sort_indices(merged, [("end_ns", "ascending")]))
             if self._pending is None:
@@ -175,8 +177,12 @@ class FeedSource:
         manifests: run manifests (topology) the producer knows up front.
     """
 
-    def __init__(self, store_dir: str | Path | None = None, manifests: Iterable[dict] = (),
-                 name: str = "in-process feed") -> None:  # fmt: skip
+    def __init__(
+        self,
+        store_dir: str | Path | None = None,
+        manifests: Iterable[dict] = (),
+        name: str = "in-process feed",
+    ) -> None:
         self.store_dir = Path(store_dir) if store_dir else None
         self.name = name
         self._manifests = list(manifests)

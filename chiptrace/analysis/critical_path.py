@@ -30,7 +30,17 @@ _MIN_SLACK_NS = 2_000
 
 
 class _Span:
-    __slots__ = ("id", "row", "start", "end", "parent", "children", "child_ends", "last_leaf", "resource")
+    __slots__ = (
+        "id",
+        "row",
+        "start",
+        "end",
+        "parent",
+        "children",
+        "child_ends",
+        "last_leaf",
+        "resource",
+    )
 
     def __init__(self, row: Mapping[str, Any]) -> None:
         self.id: str = row["span_id"]
@@ -86,8 +96,13 @@ class _Graph:
         # Parentless spans that reach outside the longest one (a trace of loose spans, or a
         # trace whose root was not collected): the trace as a whole is the step, under a
         # virtual root that spans them all.
-        row = {"span_id": "", "name": "(trace)", "trace_id": top.row.get("trace_id"),
-               "start_ns": min(r.start for r in roots), "end_ns": max(r.end for r in roots)}  # fmt: skip
+        row = {
+            "span_id": "",
+            "name": "(trace)",
+            "trace_id": top.row.get("trace_id"),
+            "start_ns": min(r.start for r in roots),
+            "end_ns": max(r.end for r in roots),
+        }
         virtual = _Span(row)
         for r in roots:
             r.parent = virtual
@@ -157,10 +172,18 @@ class _Graph:
 def _segment(s: _Span, on_path: int, via: str) -> PathSegment:
     r = s.row
     return PathSegment(
-        name=str(r.get("name")), start_ns=s.start, end_ns=s.end, on_path_ns=max(on_path, 0),
-        via=via, span_id=s.id, chip_id=r.get("chip_id"), chip_type=r.get("chip_type"),
-        link_id=r.get("link_id"), link_type=r.get("link_type"), op_kind=r.get("op_kind"),
-    )  # fmt: skip
+        name=str(r.get("name")),
+        start_ns=s.start,
+        end_ns=s.end,
+        on_path_ns=max(on_path, 0),
+        via=via,
+        span_id=s.id,
+        chip_id=r.get("chip_id"),
+        chip_type=r.get("chip_type"),
+        link_id=r.get("link_id"),
+        link_type=r.get("link_type"),
+        op_kind=r.get("op_kind"),
+    )
 
 
 def _gap(name: str, start: int, end: int) -> PathSegment:

@@ -33,9 +33,15 @@ def _metric_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, A
         va, vb = fa.get(key), fb.get(key)
         delta = vb - va if va is not None and vb is not None else None
         ratio = vb / va if va not in (None, 0) and vb is not None else None
-        rows.append({"metric": key, "a": va, "b": vb,
-                     "delta": None if delta is None else round(delta, 6),
-                     "ratio": None if ratio is None else round(ratio, 4)})  # fmt: skip
+        rows.append(
+            {
+                "metric": key,
+                "a": va,
+                "b": vb,
+                "delta": None if delta is None else round(delta, 6),
+                "ratio": None if ratio is None else round(ratio, 4),
+            }
+        )
     return rows
 
 
@@ -55,12 +61,18 @@ def _finding_rows(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> lis
             status = "better"
         else:
             status = "same"
-        rows.append({
-            "rule": key[0], "culprit": key[1], "status": status,
-            "a_severity": fa["severity"] if fa else None, "b_severity": fb["severity"] if fb else None,
-            "a_share": fa.get("share") if fa else None, "b_share": fb.get("share") if fb else None,
-            "suggestion": (fb or fa or {}).get("suggestion"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "rule": key[0],
+                "culprit": key[1],
+                "status": status,
+                "a_severity": fa["severity"] if fa else None,
+                "b_severity": fb["severity"] if fb else None,
+                "a_share": fa.get("share") if fa else None,
+                "b_share": fb.get("share") if fb else None,
+                "suggestion": (fb or fa or {}).get("suggestion"),
+            }
+        )
     order = {"new": 0, "worse": 1, "resolved": 2, "better": 3, "same": 4}
     rows.sort(key=lambda r: (order[r["status"]], _RANK.get(r["b_severity"] or r["a_severity"], 9)))
     return rows

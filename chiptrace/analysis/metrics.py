@@ -14,10 +14,22 @@ from chiptrace.analysis.model import CriticalPath
 from chiptrace.analysis.rules_chips import RuleInput
 
 METRIC_KEYS = (
-    "spans", "spans_dropped", "wall_ms", "steps", "step_ms_p50", "step_ms_p99", "step_ms_mean",
-    "utilization", "chips", "links", "comm_share", "critical_path_comm_share", "mfu",
-    "achieved_tflops", "steps_sampled",
-)  # fmt: skip
+    "spans",
+    "spans_dropped",
+    "wall_ms",
+    "steps",
+    "step_ms_p50",
+    "step_ms_p99",
+    "step_ms_mean",
+    "utilization",
+    "chips",
+    "links",
+    "comm_share",
+    "critical_path_comm_share",
+    "mfu",
+    "achieved_tflops",
+    "steps_sampled",
+)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -33,8 +45,12 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def step_durations(x: RuleInput) -> list[int]:
     s = x.tables.steps
-    return [e - b for b, e in zip(s.column("start_ns").to_pylist(),
-                                  s.column("end_ns").to_pylist(), strict=True)]  # fmt: skip
+    return [
+        e - b
+        for b, e in zip(
+            s.column("start_ns").to_pylist(), s.column("end_ns").to_pylist(), strict=True
+        )
+    ]
 
 
 def _mfu(x: RuleInput) -> tuple[float | None, float | None]:

@@ -9,8 +9,16 @@ from __future__ import annotations
 import html
 from typing import Any
 
-_COLORS = {"gpu": "#2f7ed8", "cpu": "#8bbc21", "dpu": "#910000", "npu": "#1aadce",
-           "nic": "#492970", "switch": "#f28f43", "gap": "#bbbbbb", "-": "#dddddd"}  # fmt: skip
+_COLORS = {
+    "gpu": "#2f7ed8",
+    "cpu": "#8bbc21",
+    "dpu": "#910000",
+    "npu": "#1aadce",
+    "nic": "#492970",
+    "switch": "#f28f43",
+    "gap": "#bbbbbb",
+    "-": "#dddddd",
+}
 _CYCLE = ("#77a1e5", "#c42525", "#a6c96a", "#e4d354", "#7cb5ec", "#434348", "#90ed7d")
 _SEV = {"high": "#c0392b", "medium": "#e67e22", "low": "#2980b9", "info": "#7f8c8d"}
 _CSS = """
@@ -46,13 +54,19 @@ def utilization_svg(util: dict[str, Any], width: int = 900, height: int = 240) -
         parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{pct}%</text>')
     total_ms = n * win
     parts.append(f'<text x="{left}" y="{height - 6}">0 ms</text>')
-    parts.append(f'<text x="{left + w}" y="{height - 6}" text-anchor="end">{total_ms:.1f} ms</text>')
+    parts.append(
+        f'<text x="{left + w}" y="{height - 6}" text-anchor="end">{total_ms:.1f} ms</text>'
+    )
     for i, (ctype, vals) in enumerate(series.items()):
-        pts = " ".join(f"{left + w * (k + 0.5) / n:.1f},{top + h - h * min(v, 1.0):.1f}"
-                       for k, v in enumerate(vals))  # fmt: skip
+        pts = " ".join(
+            f"{left + w * (k + 0.5) / n:.1f},{top + h - h * min(v, 1.0):.1f}"
+            for k, v in enumerate(vals)
+        )
         c = _color(ctype, i)
         parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.6" points="{pts}"/>')
-        parts.append(f'<text x="{left + w + 8}" y="{top + 14 * (i + 1)}" fill="{c}">{_e(ctype)}</text>')
+        parts.append(
+            f'<text x="{left + w + 8}" y="{top + 14 * (i + 1)}" fill="{c}">{_e(ctype)}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -73,8 +87,10 @@ def breakdown_svg(shares: dict[str, dict[str, float]], width: int = 900) -> str:
         for i, (key, v) in enumerate(s.items()):
             bw = w * v
             c = _color(key, i)
-            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{bw:.1f}" height="{bar}" fill="{c}">'
-                         f"<title>{_e(key)}: {v:.1%}</title></rect>")  # fmt: skip
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{bw:.1f}" height="{bar}" fill="{c}">'
+                f"<title>{_e(key)}: {v:.1%}</title></rect>"
+            )
             if bw > 50:
                 parts.append(f'<text x="{x + 3:.1f}" y="{y + bar + 12}">{_e(key)} {v:.0%}</text>')
             x += bw
@@ -85,13 +101,15 @@ def breakdown_svg(shares: dict[str, dict[str, float]], width: int = 900) -> str:
 def _findings_table(findings: list[dict[str, Any]]) -> str:
     if not findings:
         return "<p>No findings: no rule found a bottleneck.</p>"
-    rows = ["<table><tr><th>severity</th><th>rule</th><th>culprit</th><th>at stake</th>"
-            "<th>evidence and suggestion</th></tr>"]  # fmt: skip
+    rows = [
+        "<table><tr><th>severity</th><th>rule</th><th>culprit</th><th>at stake</th>"
+        "<th>evidence and suggestion</th></tr>"
+    ]
     for f in findings:
         ev = ", ".join(f"{_e(k)}={_e(v)}" for k, v in f["evidence"].items())
         rows.append(
             f'<tr><td><span class="sev" style="background:{_SEV.get(f["severity"], "#777")}">'
-            f'{_e(f["severity"])}</span></td><td>{_e(f["rule"])}</td><td>{_e(f["culprit"])}</td>'
+            f"{_e(f['severity'])}</span></td><td>{_e(f['rule'])}</td><td>{_e(f['culprit'])}</td>"
             f'<td class="n">{f["share"]:.1%}</td><td>{_e(f["suggestion"])}'
             f'<div class="ev">{ev}</div></td></tr>'
         )
@@ -112,20 +130,30 @@ def _rows_table(rows: list[dict[str, Any]], empty: str) -> str:
         return f"<p>{_e(empty)}</p>"
     head = "".join(f"<th>{_e(k)}</th>" for k in rows[0])
     body = "".join(
-        "<tr>" + "".join(f'<td class="{"n" if isinstance(v, (int, float)) else ""}">{_e(v)}</td>'
-                         for v in r.values()) + "</tr>"
+        "<tr>"
+        + "".join(
+            f'<td class="{"n" if isinstance(v, (int, float)) else ""}">{_e(v)}</td>'
+            for v in r.values()
+        )
+        + "</tr>"
         for r in rows
-    )  # fmt: skip
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _median_section(med: dict[str, Any] | None, cp: dict[str, Any] | None) -> list[str]:
     if not med or (cp and med["trace_id"] == cp["trace_id"]):
         return []
-    shares = {"chip type": med["by_chip_type"], "link type": med["by_link_type"],
-              "op kind": med["by_op_kind"]}  # fmt: skip
-    return ["<h2>Critical path of the median step</h2>",
-            f"<p>{_e(med['root'])}: {med['duration_ms']:.3f} ms</p>", breakdown_svg(shares)]  # fmt: skip
+    shares = {
+        "chip type": med["by_chip_type"],
+        "link type": med["by_link_type"],
+        "op kind": med["by_op_kind"],
+    }
+    return [
+        "<h2>Critical path of the median step</h2>",
+        f"<p>{_e(med['root'])}: {med['duration_ms']:.3f} ms</p>",
+        breakdown_svg(shares),
+    ]
 
 
 def render_html(d: dict[str, Any]) -> str:
@@ -133,20 +161,32 @@ def render_html(d: dict[str, Any]) -> str:
     cp = d.get("critical_path")
     shares = {}
     if cp:
-        shares = {"chip type": cp["by_chip_type"], "link type": cp["by_link_type"],
-                  "op kind": cp["by_op_kind"]}  # fmt: skip
+        shares = {
+            "chip type": cp["by_chip_type"],
+            "link type": cp["by_link_type"],
+            "op kind": cp["by_op_kind"],
+        }
     title = "chiptrace report: " + ", ".join(d.get("sources") or ["(connection)"])
     body = [
         f"<h1>{_e(title)}</h1>",
-        "<h2>Findings</h2>", _findings_table(d.get("findings", [])),
-        "<h2>Headline metrics</h2>", _metrics_table(d.get("metrics", {})),
-        "<h2>Utilization over time, per chip type</h2>", utilization_svg(d.get("utilization", {})),
+        "<h2>Findings</h2>",
+        _findings_table(d.get("findings", [])),
+        "<h2>Headline metrics</h2>",
+        _metrics_table(d.get("metrics", {})),
+        "<h2>Utilization over time, per chip type</h2>",
+        utilization_svg(d.get("utilization", {})),
         "<h2>Critical path of the slowest step</h2>",
-        f"<p>{_e(cp['root'])}: {cp['duration_ms']:.3f} ms, trace {_e(cp['trace_id'])}</p>" if cp else "",
+        f"<p>{_e(cp['root'])}: {cp['duration_ms']:.3f} ms, trace {_e(cp['trace_id'])}</p>"
+        if cp
+        else "",
         breakdown_svg(shares),
         *_median_section(d.get("critical_path_median"), cp),
-        "<h2>Chips</h2>", _rows_table(d.get("chips", []), "No chip-tagged spans."),
-        "<h2>Links</h2>", _rows_table(d.get("links", []), "No link transfers."),
-    ]  # fmt: skip
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")  # fmt: skip
+        "<h2>Chips</h2>",
+        _rows_table(d.get("chips", []), "No chip-tagged spans."),
+        "<h2>Links</h2>",
+        _rows_table(d.get("links", []), "No link transfers."),
+    ]
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+        f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
+    )

@@ -56,8 +56,13 @@ def _ms(ns: float) -> float:
 def straggler(x: RuleInput) -> list[Finding]:
     """A chip whose per-step busy time, start or finish stands out among its type."""
     t = x.tables
-    starts = dict(zip(t.steps.column("trace_id").to_pylist(),
-                      t.steps.column("start_ns").to_pylist(), strict=True))  # fmt: skip
+    starts = dict(
+        zip(
+            t.steps.column("trace_id").to_pylist(),
+            t.steps.column("start_ns").to_pylist(),
+            strict=True,
+        )
+    )
     per: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in t.step_chips.to_pylist():
         s0 = starts.get(r["trace_id"])
@@ -89,15 +94,26 @@ def straggler(x: RuleInput) -> list[Finding]:
         excess, chip, stat, val, med, z = best
         steps_used = len(per[(ctype, chip)]["busy per step"])
         share = min(excess / x.step_ns, 1.0)
-        out.append(Finding(
-            "straggler", severity_for(share), chip,
-            {"statistic": stat, "chip_ms": _ms(val), "peer_median_ms": _ms(med),
-             "excess_ms": _ms(excess), "robust_z": round(z, 2), "chip_type": ctype,
-             "chips_compared": len(chips), "steps_compared": steps_used},
-            f"{chip} {'works longer' if stat == 'busy per step' else 'runs late'} than the other "
-            f"{ctype}s every step: check its clocks/thermals, its data feed, or rebalance its share",
-            share,
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                "straggler",
+                severity_for(share),
+                chip,
+                {
+                    "statistic": stat,
+                    "chip_ms": _ms(val),
+                    "peer_median_ms": _ms(med),
+                    "excess_ms": _ms(excess),
+                    "robust_z": round(z, 2),
+                    "chip_type": ctype,
+                    "chips_compared": len(chips),
+                    "steps_compared": steps_used,
+                },
+                f"{chip} {'works longer' if stat == 'busy per step' else 'runs late'} than the other "
+                f"{ctype}s every step: check its clocks/thermals, its data feed, or rebalance its share",
+                share,
+            )
+        )
     return out
 
 
@@ -120,16 +136,26 @@ def load_imbalance(x: RuleInput, skip: set[str] = frozenset()) -> list[Finding]:
         share = (chips[top] - mean) / t.wall_ns
         if imb < IMBALANCE or share < 0.01:
             continue
-        out.append(Finding(
-            "load-imbalance", severity_for(share), top,
-            {"chip_type": ctype, "busiest": top, "busiest_util": round(chips[top] / t.wall_ns, 4),
-             "idlest": low, "idlest_util": round(chips[low] / t.wall_ns, 4),
-             "mean_util": round(mean / t.wall_ns, 4), "imbalance": round(imb, 4),
-             "chips": len(chips)},
-            f"spread work across the {len(chips)} {ctype}s (dynamic scheduling, or re-shard: "
-            f"{top} is {imb:.0%} above the mean)",
-            share,
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                "load-imbalance",
+                severity_for(share),
+                top,
+                {
+                    "chip_type": ctype,
+                    "busiest": top,
+                    "busiest_util": round(chips[top] / t.wall_ns, 4),
+                    "idlest": low,
+                    "idlest_util": round(chips[low] / t.wall_ns, 4),
+                    "mean_util": round(mean / t.wall_ns, 4),
+                    "imbalance": round(imb, 4),
+                    "chips": len(chips),
+                },
+                f"spread work across the {len(chips)} {ctype}s (dynamic scheduling, or re-shard: "
+                f"{top} is {imb:.0%} above the mean)",
+                share,
+            )
+        )
     return out
 
 
@@ -145,8 +171,16 @@ def _roofline_rows(t: TraceTables) -> list[dict]:
         bw = spec.memory_bandwidth if spec else None
         ideal = r["flops"] / peak
         mem = (r["bytes"] or 0) / bw if bw else 0.0
-        rows.append({**r, "ideal_ns": max(ideal, mem) * 1e9, "compute_s": ideal, "mem_s": mem,
-                     "peak": peak, "membw": bw})  # fmt: skip
+        rows.append(
+            {
+                **r,
+                "ideal_ns": max(ideal, mem) * 1e9,
+                "compute_s": ideal,
+                "mem_s": mem,
+                "peak": peak,
+                "membw": bw,
+            }
+        )
     return rows
 
 
@@ -175,14 +209,23 @@ def roofline(x: RuleInput) -> list[Finding]:
                 continue
             lost = real * (1 - e / peer)
             share = min(lost / t.wall_ns, 1.0)
-            out.append(Finding(
-                "compute-bound", severity_for(share), chip,
-                {"roofline_efficiency": round(e, 4), "peer_efficiency": round(peer, 4),
-                 "compute_ms": _ms(real), "lost_ms": _ms(lost), "chip_type": ctype},
-                f"{chip} reaches {e:.0%} of its roofline where its peers reach {peer:.0%}: "
-                f"check for throttling or a degraded part, or move work off it",
-                share,
-            ))  # fmt: skip
+            out.append(
+                Finding(
+                    "compute-bound",
+                    severity_for(share),
+                    chip,
+                    {
+                        "roofline_efficiency": round(e, 4),
+                        "peer_efficiency": round(peer, 4),
+                        "compute_ms": _ms(real),
+                        "lost_ms": _ms(lost),
+                        "chip_type": ctype,
+                    },
+                    f"{chip} reaches {e:.0%} of its roofline where its peers reach {peer:.0%}: "
+                    f"check for throttling or a degraded part, or move work off it",
+                    share,
+                )
+            )
     out += _dominant_op(t, rows)
     return out
 
@@ -198,14 +241,27 @@ def _dominant_op(t: TraceTables, rows: list[dict]) -> list[Finding]:
     bound = "compute-bound" if d["compute_s"] >= d["mem_s"] else "memory-bound"
     chips = sum(1 for r in t.chips.to_pylist() if r["chip_type"] == ctype) or 1
     share = d["op_ns"] / (t.wall_ns * chips)
-    hint = ("use a faster precision or fewer FLOPs (fusion, sparsity)" if bound == "compute-bound"
-            else "raise arithmetic intensity: fuse ops, larger tiles or batch")  # fmt: skip
-    return [Finding(
-        bound, "info", f"{name} on {ctype}",
-        {"time_share": round(share, 4), "roofline_efficiency": round(d["ideal_ns"] / d["op_ns"], 4),
-         "intensity_flop_per_byte": round(d["flops"] / d["bytes"], 2) if d["bytes"] else None},
-        f"{name} dominates {ctype} time and is {bound}: {hint}", share,
-    )]  # fmt: skip
+    hint = (
+        "use a faster precision or fewer FLOPs (fusion, sparsity)"
+        if bound == "compute-bound"
+        else "raise arithmetic intensity: fuse ops, larger tiles or batch"
+    )
+    return [
+        Finding(
+            bound,
+            "info",
+            f"{name} on {ctype}",
+            {
+                "time_share": round(share, 4),
+                "roofline_efficiency": round(d["ideal_ns"] / d["op_ns"], 4),
+                "intensity_flop_per_byte": round(d["flops"] / d["bytes"], 2)
+                if d["bytes"]
+                else None,
+            },
+            f"{name} dominates {ctype} time and is {bound}: {hint}",
+            share,
+        )
+    ]
 
 
 def precision_opportunity(x: RuleInput) -> list[Finding]:
@@ -214,13 +270,21 @@ def precision_opportunity(x: RuleInput) -> list[Finding]:
     per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     gain: dict[str, tuple[str, float]] = {}
     for r in t.chip_ops.to_pylist():
-        if (r["op_kind"] or "compute") != "compute" or r["op_precision"] not in ("fp32", "fp16", "bf16"):
+        if (r["op_kind"] or "compute") != "compute" or r["op_precision"] not in (
+            "fp32",
+            "fp16",
+            "bf16",
+        ):
             continue
         spec = t.topology.chips.get(r["chip_id"])
         cur = t.topology.peak(r["chip_id"], r["op_precision"])
         if spec is None or not cur:
             continue
-        fast = [(p, v) for p, v in spec.peak_flops.items() if p in ("fp8", "nvfp4") and v >= FAST_FORMAT_GAIN * cur]
+        fast = [
+            (p, v)
+            for p, v in spec.peak_flops.items()
+            if p in ("fp8", "nvfp4") and v >= FAST_FORMAT_GAIN * cur
+        ]
         if fast:
             p, v = max(fast, key=lambda pv: pv[1])
             per[r["chip_type"]][r["op_precision"]] += r["op_ns"]
@@ -236,13 +300,23 @@ def precision_opportunity(x: RuleInput) -> list[Finding]:
             continue
         cur = max(by_prec, key=lambda p: by_prec[p])
         sev = "low"  # an opportunity, not a fault: it ranks after every real bottleneck
-        out.append(Finding(
-            "precision-opportunity", sev, ctype,
-            {"precision": cur, "faster_format": fmt, "peak_ratio": round(ratio, 2),
-             "compute_share": round(heavy / chips / t.wall_ns, 4), "saving_share": round(share, 4)},
-            f"{ctype} compute runs in {cur}; the chips have {fmt} at {ratio:.1f}x the peak: try "
-            f"{fmt} where accuracy allows", share,
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                "precision-opportunity",
+                sev,
+                ctype,
+                {
+                    "precision": cur,
+                    "faster_format": fmt,
+                    "peak_ratio": round(ratio, 2),
+                    "compute_share": round(heavy / chips / t.wall_ns, 4),
+                    "saving_share": round(share, 4),
+                },
+                f"{ctype} compute runs in {cur}; the chips have {fmt} at {ratio:.1f}x the peak: try "
+                f"{fmt} where accuracy allows",
+                share,
+            )
+        )
     return out
 
 
@@ -295,11 +369,19 @@ def starvation(x: RuleInput) -> list[Finding]:
     share = totals[culprit] / step_total
     if share < STARVED:
         return []
-    return [Finding(
-        # Some serial input work is normal; a quarter of every step is not.
-        "starvation", severity_for(share, high=0.25, medium=0.08), culprit,
-        {"compute_idle_share": round(idle_total / step_total, 4),
-         "culprit_busy_while_idle_share": round(share, 4), "steps_sampled": len(x.steps)},
-        f"GPUs/NPUs wait {share:.0%} of a step while {culprit} works: overlap it with compute "
-        f"(prefetch, more workers, offload) or give it more capacity", share,
-    )]  # fmt: skip
+    return [
+        Finding(
+            # Some serial input work is normal; a quarter of every step is not.
+            "starvation",
+            severity_for(share, high=0.25, medium=0.08),
+            culprit,
+            {
+                "compute_idle_share": round(idle_total / step_total, 4),
+                "culprit_busy_while_idle_share": round(share, 4),
+                "steps_sampled": len(x.steps),
+            },
+            f"GPUs/NPUs wait {share:.0%} of a step while {culprit} works: overlap it with compute "
+            f"(prefetch, more workers, offload) or give it more capacity",
+            share,
+        )
+    ]

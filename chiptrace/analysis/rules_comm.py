@@ -31,8 +31,10 @@ def _physical(links: list[dict]) -> dict[str, dict]:
     slow in one direction; only the slow link itself looks slow in both."""
     out: dict[str, dict] = {}
     for r in links:
-        p = out.setdefault(r["link_id"], {"type": r["link_type"], "bytes": 0.0, "busy": 0,
-                                          "transfers": 0, "sizes": []})  # fmt: skip
+        p = out.setdefault(
+            r["link_id"],
+            {"type": r["link_type"], "bytes": 0.0, "busy": 0, "transfers": 0, "sizes": []},
+        )
         p["bytes"] += r["bytes"]
         p["busy"] += r["busy_ns"]
         p["transfers"] += r["transfers"]
@@ -57,16 +59,26 @@ def _slow_links(x: RuleInput, links: list[dict]) -> list[Finding]:
         lost = p["busy"] * (1 - achieved / peer)
         share = min(lost / (x.step_ns * max(t.steps.num_rows, 1)), 1.0)
         nominal = t.topology.bandwidth(link_id)
-        out.append(Finding(
-            "link-bound", severity_for(share), link_id,
-            {"cause": "slow link", "link_type": p["type"], "achieved_GBps": round(achieved / 1e9, 3),
-             "peer_median_GBps": round(peer / 1e9, 3),
-             "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
-             "busy_share_both_directions": round(p["busy"] / t.wall_ns, 4),
-             "transfers": p["transfers"],
-             "lost_ms": _ms(lost)},
-            f"{link_id} moves {achieved / peer:.0%} of what other {p['type']} links do: check "
-            f"the link (degraded lanes, errors) or route around it", share))  # fmt: skip
+        out.append(
+            Finding(
+                "link-bound",
+                severity_for(share),
+                link_id,
+                {
+                    "cause": "slow link",
+                    "link_type": p["type"],
+                    "achieved_GBps": round(achieved / 1e9, 3),
+                    "peer_median_GBps": round(peer / 1e9, 3),
+                    "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
+                    "busy_share_both_directions": round(p["busy"] / t.wall_ns, 4),
+                    "transfers": p["transfers"],
+                    "lost_ms": _ms(lost),
+                },
+                f"{link_id} moves {achieved / peer:.0%} of what other {p['type']} links do: check "
+                f"the link (degraded lanes, errors) or route around it",
+                share,
+            )
+        )
     return out
 
 
@@ -86,15 +98,27 @@ def link_bound(x: RuleInput) -> list[Finding]:
             continue
         waiting = 1 - util.get(r["link_dst"] or "", 0.0)
         share = min(busy * waiting, 1.0)
-        out.append(Finding(
-            "link-bound", severity_for(share), r["link_id"],
-            {"cause": "saturated", "link_type": r["link_type"], "src": r["link_src"],
-             "dst": r["link_dst"], "busy_share": round(busy, 4),
-             "achieved_GBps": round(achieved / 1e9, 3),
-             "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
-             "dst_idle_share": round(waiting, 4), "transfers": r["transfers"]},
-            f"{r['link_id']} is busy {busy:.0%} of the time at {achieved / 1e9:.0f} GB/s: "
-            f"compress or shard the traffic, or use a faster link", share))  # fmt: skip
+        out.append(
+            Finding(
+                "link-bound",
+                severity_for(share),
+                r["link_id"],
+                {
+                    "cause": "saturated",
+                    "link_type": r["link_type"],
+                    "src": r["link_src"],
+                    "dst": r["link_dst"],
+                    "busy_share": round(busy, 4),
+                    "achieved_GBps": round(achieved / 1e9, 3),
+                    "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
+                    "dst_idle_share": round(waiting, 4),
+                    "transfers": r["transfers"],
+                },
+                f"{r['link_id']} is busy {busy:.0%} of the time at {achieved / 1e9:.0f} GB/s: "
+                f"compress or shard the traffic, or use a faster link",
+                share,
+            )
+        )
     return out
 
 
@@ -109,9 +133,14 @@ def latency_bound(x: RuleInput) -> list[Finding]:
         n = sum(r["transfers"] for r in rows)
         med_bytes = statistics.median(r["median_bytes"] or 0 for r in rows)
         med_ns = statistics.median(r["median_ns"] or 0 for r in rows)
-        lat = [t.topology.links[r["link_id"]].latency_ns for r in rows
-               if r["link_id"] in t.topology.links and t.topology.links[r["link_id"]].latency_ns]
-        bws = [t.topology.bandwidth(r["link_id"]) for r in rows if t.topology.bandwidth(r["link_id"])]
+        lat = [
+            t.topology.links[r["link_id"]].latency_ns
+            for r in rows
+            if r["link_id"] in t.topology.links and t.topology.links[r["link_id"]].latency_ns
+        ]
+        bws = [
+            t.topology.bandwidth(r["link_id"]) for r in rows if t.topology.bandwidth(r["link_id"])
+        ]
         if lat and bws:
             wire = statistics.median(lat) + med_bytes / statistics.median(bws) * 1e9
             frac = statistics.median(lat) / wire if wire else 0.0
@@ -121,13 +150,23 @@ def latency_bound(x: RuleInput) -> list[Finding]:
             continue
         xfer = sum(r["xfer_ns"] for r in rows) / max(len(rows), 1)
         share = min(xfer * frac / t.wall_ns, 1.0)
-        out.append(Finding(
-            "latency-bound", severity_for(share), f"{name} on {ltype}",
-            {"transfers": n, "median_bytes": med_bytes, "median_us": round(med_ns / 1e3, 3),
-             "latency_share": round(frac, 4), "links": len(rows)},
-            f"{n} transfers of ~{med_bytes / 1024:.0f} KiB spend {frac:.0%} of their time in "
-            f"latency: batch them into larger messages (bigger buckets, fused all-reduce)", share,
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                "latency-bound",
+                severity_for(share),
+                f"{name} on {ltype}",
+                {
+                    "transfers": n,
+                    "median_bytes": med_bytes,
+                    "median_us": round(med_ns / 1e3, 3),
+                    "latency_share": round(frac, 4),
+                    "links": len(rows),
+                },
+                f"{n} transfers of ~{med_bytes / 1024:.0f} KiB spend {frac:.0%} of their time in "
+                f"latency: batch them into larger messages (bigger buckets, fused all-reduce)",
+                share,
+            )
+        )
     return out
 
 
@@ -139,8 +178,9 @@ def _is_comm(s: dict) -> bool:
 
 
 @functools.lru_cache(maxsize=65536)
-def _comm_key(link: str | None, src: str | None, dst: str | None, chip_type: str | None,
-              op_kind: str | None) -> bool:  # fmt: skip
+def _comm_key(
+    link: str | None, src: str | None, dst: str | None, chip_type: str | None, op_kind: str | None
+) -> bool:
     if link:
         ends = [_chip_type(src), _chip_type(dst)]
         return all(e in (*COMPUTE_TYPES, "switch", "") for e in ends)
@@ -186,15 +226,23 @@ def poor_overlap(x: RuleInput) -> list[Finding]:
         return []
     names = {k[5:]: v for k, v in f.items() if k.startswith("name:")}
     culprit = max(names, key=lambda k: names[k])
-    return [Finding(
-        "poor-overlap", severity_for(share), culprit,
-        {"overlap_fraction": round(overlap, 4), "comm_share": round(f["comm"] / f["step"], 4),
-         "exposed_comm_share": round(f["exposed"] / f["step"], 4),
-         "exposed_ms_per_step": _ms(f["exposed"] / max(len(x.steps), 1)),
-         "steps_sampled": len(x.steps)},
-        f"only {overlap:.0%} of communication overlaps compute: start {culprit} per bucket during "
-        f"backward instead of after it", share,
-    )]  # fmt: skip
+    return [
+        Finding(
+            "poor-overlap",
+            severity_for(share),
+            culprit,
+            {
+                "overlap_fraction": round(overlap, 4),
+                "comm_share": round(f["comm"] / f["step"], 4),
+                "exposed_comm_share": round(f["exposed"] / f["step"], 4),
+                "exposed_ms_per_step": _ms(f["exposed"] / max(len(x.steps), 1)),
+                "steps_sampled": len(x.steps),
+            },
+            f"only {overlap:.0%} of communication overlaps compute: start {culprit} per bucket during "
+            f"backward instead of after it",
+            share,
+        )
+    ]
 
 
 def dropped_spans(x: RuleInput) -> list[Finding]:
@@ -203,8 +251,13 @@ def dropped_spans(x: RuleInput) -> list[Finding]:
     if not t.spans_dropped:
         return []
     frac = t.spans_dropped / max(t.spans + t.spans_dropped, 1)
-    return [Finding(
-        "dropped-spans", "medium" if frac >= 0.01 else "low", "recorder",
-        {"spans_dropped": t.spans_dropped, "dropped_fraction": round(frac, 6)},
-        "raise CHIPTRACE_MAX_BUFFERED or flush more often; figures undercount", frac,
-    )]  # fmt: skip
+    return [
+        Finding(
+            "dropped-spans",
+            "medium" if frac >= 0.01 else "low",
+            "recorder",
+            {"spans_dropped": t.spans_dropped, "dropped_fraction": round(frac, 6)},
+            "raise CHIPTRACE_MAX_BUFFERED or flush more often; figures undercount",
+            frac,
+        )
+    ]

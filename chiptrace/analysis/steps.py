@@ -16,13 +16,22 @@ import pyarrow as pa
 Interval = tuple[int, int]
 
 _COLUMNS = (
-    ("lower(hex(trace_id))", "trace_id"), ("lower(hex(span_id))", "span_id"),
-    ("lower(hex(parent_span_id))", "parent_span_id"), ("CAST(name AS VARCHAR)", "name"),
-    ("start_ns", "start_ns"), ("end_ns", "end_ns"), ("CAST(chip_id AS VARCHAR)", "chip_id"),
-    ("CAST(chip_type AS VARCHAR)", "chip_type"), ("CAST(link_id AS VARCHAR)", "link_id"),
-    ("CAST(link_type AS VARCHAR)", "link_type"), ("CAST(link_src AS VARCHAR)", "link_src"),
-    ("CAST(link_dst AS VARCHAR)", "link_dst"), ("CAST(op_kind AS VARCHAR)", "op_kind"),
-    ("op_bytes", "op_bytes"), ("op_flops", "op_flops"), ("links", "links"),
+    ("lower(hex(trace_id))", "trace_id"),
+    ("lower(hex(span_id))", "span_id"),
+    ("lower(hex(parent_span_id))", "parent_span_id"),
+    ("CAST(name AS VARCHAR)", "name"),
+    ("start_ns", "start_ns"),
+    ("end_ns", "end_ns"),
+    ("CAST(chip_id AS VARCHAR)", "chip_id"),
+    ("CAST(chip_type AS VARCHAR)", "chip_type"),
+    ("CAST(link_id AS VARCHAR)", "link_id"),
+    ("CAST(link_type AS VARCHAR)", "link_type"),
+    ("CAST(link_src AS VARCHAR)", "link_src"),
+    ("CAST(link_dst AS VARCHAR)", "link_dst"),
+    ("CAST(op_kind AS VARCHAR)", "op_kind"),
+    ("op_bytes", "op_bytes"),
+    ("op_flops", "op_flops"),
+    ("links", "links"),
 )
 
 
@@ -56,8 +65,12 @@ def pick_steps(steps: pa.Table, max_steps: int = 5) -> list[int]:
     n = steps.num_rows
     if n == 0 or max_steps <= 0:
         return []
-    dur = [e - s for s, e in zip(steps.column("start_ns").to_pylist(),
-                                  steps.column("end_ns").to_pylist(), strict=True)]  # fmt: skip
+    dur = [
+        e - s
+        for s, e in zip(
+            steps.column("start_ns").to_pylist(), steps.column("end_ns").to_pylist(), strict=True
+        )
+    ]
     order = sorted(range(n), key=lambda i: dur[i])
     picks = [order[-1], order[n // 2]]
     stride = max(n // max(max_steps - 2, 1), 1)
@@ -92,8 +105,17 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
         spans = tuple(by_trace.get(r["trace_id"], ()))
         parents = {s["parent_span_id"] for s in spans if s["parent_span_id"]}
         leaves = tuple(s for s in spans if s["span_id"] not in parents)
-        out.append(Step(r["trace_id"], r["span_id"], r["name"], int(r["start_ns"]),
-                        int(r["end_ns"]), spans, leaves))  # fmt: skip
+        out.append(
+            Step(
+                r["trace_id"],
+                r["span_id"],
+                r["name"],
+                int(r["start_ns"]),
+                int(r["end_ns"]),
+                spans,
+                leaves,
+            )
+        )
     return out
 
 

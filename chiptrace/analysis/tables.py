@@ -113,15 +113,23 @@ def _sources(con: Any, a: str, since_ns: int | None, until_ns: int | None) -> tu
     hi = f"least(end_ns, {int(until_ns)})" if until_ns is not None else "end_ns"
     where = _where(since_ns, until_ns)
     chips_nest, links_nest = _nested(con)
-    ops = f"chip_ops({a})" if chips_nest else f"""(
+    ops = (
+        f"chip_ops({a})"
+        if chips_nest
+        else f"""(
         SELECT trace_id, chip_id, chip_type, op_kind, op_precision, name, op_flops, op_bytes,
                {lo} AS start_ns, {hi} AS end_ns
         FROM spans_raw WHERE chip_id IS NOT NULL AND {where} AND end_ns > start_ns
           AND (op_kind IS NULL OR op_kind <> 'idle'))"""
-    xfers = f"link_transfers({a})" if links_nest else f"""(
+    )
+    xfers = (
+        f"link_transfers({a})"
+        if links_nest
+        else f"""(
         SELECT link_id, link_type, link_src, link_dst, op_bytes, name,
                start_ns AS span_start_ns, end_ns AS span_end_ns, {lo} AS start_ns, {hi} AS end_ns
         FROM spans_raw WHERE link_id IS NOT NULL AND {where} AND end_ns >= start_ns)"""
+    )
     return ops, xfers
 
 
@@ -132,10 +140,14 @@ def _util(con: Any, ops: str, t0: int, w: int) -> pa.Table:
     Partitioning on an ENUM of the chip ids instead of the text sorts about 1.5x faster on
     10M spans; pieces inside one window (nearly all) skip the range() unnest."""
     enum = f"_ct_chip_{secrets.token_hex(4)}"
-    con.execute(f"CREATE TYPE {enum} AS ENUM (SELECT DISTINCT CAST(chip_id AS VARCHAR) "
-                f"FROM spans_raw WHERE chip_id IS NOT NULL)")  # fmt: skip
+    con.execute(
+        f"CREATE TYPE {enum} AS ENUM (SELECT DISTINCT CAST(chip_id AS VARCHAR) "
+        f"FROM spans_raw WHERE chip_id IS NOT NULL)"
+    )
     try:
-        return _arrow(con, f"""
+        return _arrow(
+            con,
+            f"""
             WITH o AS (SELECT CAST(chip_id AS {enum}) AS c, start_ns AS s, end_ns AS e
                        FROM {ops}),
             b AS (SELECT c, e, greatest(s, coalesce(max(e) OVER (PARTITION BY c ORDER BY s
@@ -148,22 +160,31 @@ def _util(con: Any, ops: str, t0: int, w: int) -> pa.Table:
                   FROM (SELECT *, unnest(range(k0, k1 + 1)) AS kk FROM k WHERE k0 < k1))
             SELECT x.k AS window_index, {t0} + x.k * {w} AS window_start_ns,
                    CAST(x.c AS VARCHAR) AS chip_id, CAST(sum(x.d) AS BIGINT) AS busy_ns
-            FROM x GROUP BY x.k, x.c ORDER BY 1, 3""")
+            FROM x GROUP BY x.k, x.c ORDER BY 1, 3""",
+        )
     finally:
         con.execute(f"DROP TYPE IF EXISTS {enum}")
 
 
 def _chip_ops(con: Any, ops: str) -> pa.Table:
     """Per (chip, op kind, precision, name): ops, op time, FLOPs, bytes (one scan)."""
-    return _arrow(con, f"""
+    return _arrow(
+        con,
+        f"""
         SELECT chip_id, any_value(chip_type) AS chip_type, op_kind, op_precision, name,
                count(*) AS ops, CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns,
                CAST(sum(op_flops) AS DOUBLE) AS flops, CAST(sum(op_bytes) AS DOUBLE) AS bytes
-        FROM {ops} GROUP BY chip_id, op_kind, op_precision, name""")
+        FROM {ops} GROUP BY chip_id, op_kind, op_precision, name""",
+    )
 
 
-def _step_chips(con: Any, steps: pa.Table, since_ns: int | None, until_ns: int | None,
-                max_steps: int = STRAGGLER_STEPS) -> pa.Table:  # fmt: skip
+def _step_chips(
+    con: Any,
+    steps: pa.Table,
+    since_ns: int | None,
+    until_ns: int | None,
+    max_steps: int = STRAGGLER_STEPS,
+) -> pa.Table:
     """Per (step, chip) for the straggler rule, over at most `max_steps` steps spread over
     the run. Filtering on trace ids is cheap in Parquet (about 0.1 CPU-s on 10M spans, where
     grouping every op by step costs 2), and a median needs no more steps than that."""
@@ -175,7 +196,9 @@ def _step_chips(con: Any, steps: pa.Table, since_ns: int | None, until_ns: int |
     in_list = ", ".join(f"unhex('{i}')" for i in ids)
     lo = f"greatest(start_ns, {int(since_ns)})" if since_ns is not None else "start_ns"
     hi = f"least(end_ns, {int(until_ns)})" if until_ns is not None else "end_ns"
-    return _arrow(con, f"""
+    return _arrow(
+        con,
+        f"""
         WITH s AS (SELECT trace_id, span_id, parent_span_id, chip_id, chip_type, op_kind,
                           {lo} AS start_ns, {hi} AS end_ns
                    FROM spans_raw WHERE trace_id IN ({in_list}) AND {_where(since_ns, until_ns)}),
@@ -185,20 +208,28 @@ def _step_chips(con: Any, steps: pa.Table, since_ns: int | None, until_ns: int |
                CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns
         FROM s ANTI JOIN p ON p.id = s.span_id
         WHERE chip_id IS NOT NULL AND op_kind IS DISTINCT FROM 'idle' AND end_ns > start_ns
-        GROUP BY trace_id, chip_id""")
+        GROUP BY trace_id, chip_id""",
+    )
 
 
 def _empty_step_chips() -> pa.Table:
-    return pa.table({
-        "trace_id": pa.array([], pa.string()), "chip_id": pa.array([], pa.string()),
-        "chip_type": pa.array([], pa.string()), "first_ns": pa.array([], pa.int64()),
-        "last_ns": pa.array([], pa.int64()), "op_ns": pa.array([], pa.int64()),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "trace_id": pa.array([], pa.string()),
+            "chip_id": pa.array([], pa.string()),
+            "chip_type": pa.array([], pa.string()),
+            "first_ns": pa.array([], pa.int64()),
+            "last_ns": pa.array([], pa.int64()),
+            "op_ns": pa.array([], pa.int64()),
+        }
+    )
 
 
 def _links(con: Any, xfers: str) -> pa.Table:
     # One scan and one sort: totals, medians and the busy union per link direction together.
-    return _arrow(con, f"""
+    return _arrow(
+        con,
+        f"""
         WITH t AS (
             SELECT link_id, link_type, link_src, link_dst, op_bytes, name, start_ns, end_ns,
                    span_end_ns - span_start_ns AS dur,
@@ -213,19 +244,23 @@ def _links(con: Any, xfers: str) -> pa.Table:
                any_value(name) AS name,
                CAST(sum(greatest(end_ns - piece, 0)) AS BIGINT) AS busy_ns
         FROM t GROUP BY link_id, link_src, link_dst
-        ORDER BY link_id, link_src, link_dst""")
+        ORDER BY link_id, link_src, link_dst""",
+    )
 
 
 def _steps(con: Any, where: str, step_name: str | None) -> pa.Table:
     # A step is a root span with children; the most common such root name is "the step".
-    roots = _arrow(con, f"""
+    roots = _arrow(
+        con,
+        f"""
         WITH p AS (SELECT DISTINCT parent_span_id AS id FROM spans_raw
                    WHERE parent_span_id IS NOT NULL AND {where})
         SELECT lower(hex(trace_id)) AS trace_id, lower(hex(span_id)) AS span_id,
                CAST(name AS VARCHAR) AS name, start_ns, end_ns
         FROM spans_raw s SEMI JOIN p ON p.id = s.span_id
         WHERE s.parent_span_id IS NULL AND {where}
-        ORDER BY start_ns""")
+        ORDER BY start_ns""",
+    )
     if roots.num_rows == 0:
         return roots
     names = roots.column("name").to_pylist()
@@ -274,33 +309,59 @@ def load_tables(
     manifests = _manifests(con)
     dropped = sum(int(m.get("spans_dropped") or 0) for m in manifests)
     return TraceTables(
-        t0=t0, t1=t1, spans=n, chips=chips, chip_ops=chip_ops, util=util,
-        links=_links(con, xfers), steps=steps,
+        t0=t0,
+        t1=t1,
+        spans=n,
+        chips=chips,
+        chip_ops=chip_ops,
+        util=util,
+        links=_links(con, xfers),
+        steps=steps,
         step_chips=_step_chips(con, steps, since_ns, until_ns),
-        topology=merge_topologies(manifests), manifests=manifests, spans_dropped=dropped,
+        topology=merge_topologies(manifests),
+        manifests=manifests,
+        spans_dropped=dropped,
         window_ns=w,
-    )  # fmt: skip
+    )
 
 
 def _chips(chip_ops: pa.Table, util: pa.Table) -> pa.Table:
     """Per chip: busy (merged, from the util windows), ops, summed op time, flops, bytes."""
     if chip_ops.num_rows == 0:
-        return pa.table({
-            "chip_id": pa.array([], pa.string()), "chip_type": pa.array([], pa.string()),
-            "busy_ns": pa.array([], pa.int64()), "ops": pa.array([], pa.int64()),
-            "op_ns": pa.array([], pa.int64()), "flops": pa.array([], pa.float64()),
-            "bytes": pa.array([], pa.float64()),
-        })  # fmt: skip
+        return pa.table(
+            {
+                "chip_id": pa.array([], pa.string()),
+                "chip_type": pa.array([], pa.string()),
+                "busy_ns": pa.array([], pa.int64()),
+                "ops": pa.array([], pa.int64()),
+                "op_ns": pa.array([], pa.int64()),
+                "flops": pa.array([], pa.float64()),
+                "bytes": pa.array([], pa.float64()),
+            }
+        )
     per = chip_ops.group_by("chip_id").aggregate(
         [("chip_type", "max"), ("ops", "sum"), ("op_ns", "sum"), ("flops", "sum"), ("bytes", "sum")]
     )
-    busy = dict(zip(*util.group_by("chip_id").aggregate([("busy_ns", "sum")])
-                    .select(["chip_id", "busy_ns_sum"]).to_pydict().values(), strict=True))  # fmt: skip
+    busy = dict(
+        zip(
+            *util.group_by("chip_id")
+            .aggregate([("busy_ns", "sum")])
+            .select(["chip_id", "busy_ns_sum"])
+            .to_pydict()
+            .values(),
+            strict=True,
+        )
+    )
     ids = per.column("chip_id").to_pylist()
-    out = pa.table({
-        "chip_id": ids, "chip_type": per.column("chip_type_max"),
-        "busy_ns": pa.array([int(busy.get(c) or 0) for c in ids], pa.int64()),
-        "ops": per.column("ops_sum"), "op_ns": per.column("op_ns_sum"),
-        "flops": per.column("flops_sum"), "bytes": per.column("bytes_sum"),
-    })  # fmt: skip
+    out = pa.table(
+        {
+            "chip_id": ids,
+            "chip_type": per.column("chip_type_max"),
+            "busy_ns": pa.array([int(busy.get(c) or 0) for c in ids], pa.int64()),
+            "ops": per.column("ops_sum"),
+            "op_ns": per.column("op_ns_sum"),
+            "flops": per.column("flops_sum"),
+            "bytes": per.column("bytes_sum"),
+        }
+    )
     return out.sort_by("chip_id")

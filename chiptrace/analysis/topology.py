@@ -14,11 +14,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # key -> multiplier to base units (bytes/s, ns, FLOP/s)
-_BW_KEYS = {"bandwidth_Bps": 1.0, "bandwidth_bytes_per_s": 1.0, "bandwidth_GBps": 1e9,
-            "bandwidth_gbps": 1e9 / 8, "bandwidth_bps": 1 / 8, "bandwidth": 1.0, "bw": 1.0}  # fmt: skip
+_BW_KEYS = {
+    "bandwidth_Bps": 1.0,
+    "bandwidth_bytes_per_s": 1.0,
+    "bandwidth_GBps": 1e9,
+    "bandwidth_gbps": 1e9 / 8,
+    "bandwidth_bps": 1 / 8,
+    "bandwidth": 1.0,
+    "bw": 1.0,
+}
 _LAT_KEYS = {"latency_ns": 1.0, "latency_us": 1e3, "latency_s": 1e9, "latency": 1e9}
-_MEMBW_KEYS = {"memory_bandwidth_Bps": 1.0, "mem_bw_Bps": 1.0, "memory_bandwidth_GBps": 1e9,
-               "mem_bw_GBps": 1e9, "memory_bandwidth": 1.0, "mem_bw": 1.0, "hbm_bandwidth_Bps": 1.0}  # fmt: skip
+_MEMBW_KEYS = {
+    "memory_bandwidth_Bps": 1.0,
+    "mem_bw_Bps": 1.0,
+    "memory_bandwidth_GBps": 1e9,
+    "mem_bw_GBps": 1e9,
+    "memory_bandwidth": 1.0,
+    "mem_bw": 1.0,
+    "hbm_bandwidth_Bps": 1.0,
+}
 _PEAK_KEYS = {"peak_flops": 1.0, "peak": 1.0, "peak_tflops": 1e12, "flops": 1.0}
 
 
@@ -81,13 +95,16 @@ def _peaks(d: Mapping[str, Any]) -> dict[str, float]:
     for k, mult in _PEAK_KEYS.items():
         v = d.get(k)
         if isinstance(v, Mapping):
-            return {str(p): float(x) * mult for p, x in v.items()
-                    if isinstance(x, (int, float)) and x > 0}  # fmt: skip
+            return {
+                str(p): float(x) * mult
+                for p, x in v.items()
+                if isinstance(x, (int, float)) and x > 0
+            }
     out = {}
     for k, v in d.items():  # flat spellings: peak_flops_fp16, peak_tflops_bf16
         for prefix, mult in (("peak_flops_", 1.0), ("peak_tflops_", 1e12)):
             if k.startswith(prefix) and isinstance(v, (int, float)) and v > 0:
-                out[k[len(prefix):]] = float(v) * mult
+                out[k[len(prefix) :]] = float(v) * mult
     return out
 
 
@@ -120,9 +137,13 @@ def parse_topology(manifest: Mapping[str, Any]) -> Topology:
         lid = str(lk.get("id") or lk.get("link_id") or key or "")
         if lid:
             links[lid] = LinkSpec(
-                lid, lk.get("type") or lk.get("link_type"), _first(lk, _BW_KEYS),
-                _first(lk, _LAT_KEYS), lk.get("src"), lk.get("dst"),
-            )  # fmt: skip
+                lid,
+                lk.get("type") or lk.get("link_type"),
+                _first(lk, _BW_KEYS),
+                _first(lk, _LAT_KEYS),
+                lk.get("src"),
+                lk.get("dst"),
+            )
     return Topology(chips, links)
 
 

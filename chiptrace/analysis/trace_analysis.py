@@ -91,17 +91,28 @@ def path_dict(p: CriticalPath | None, max_segments: int = 200) -> dict[str, Any]
     if p is None or not p.segments:
         return None
     segs = [
-        {"name": s.name, "via": s.via, "chip_id": s.chip_id, "link_id": s.link_id,
-         "op_kind": s.op_kind, "start_ms": round((s.start_ns - p.start_ns) / 1e6, 6),
-         "on_path_ms": round(s.on_path_ns / 1e6, 6)}
+        {
+            "name": s.name,
+            "via": s.via,
+            "chip_id": s.chip_id,
+            "link_id": s.link_id,
+            "op_kind": s.op_kind,
+            "start_ms": round((s.start_ns - p.start_ns) / 1e6, 6),
+            "on_path_ms": round(s.on_path_ns / 1e6, 6),
+        }
         for s in p.segments[:max_segments]
-    ]  # fmt: skip
+    ]
     return {
-        "trace_id": p.trace_id, "root": p.root, "duration_ms": round(p.duration_ns / 1e6, 6),
-        "by_chip_type": _r(p.share("chip_type")), "by_link_type": _r(p.share("link_type")),
-        "by_op_kind": _r(p.share("op_kind")), "by_name": _r(dict(list(p.share("name").items())[:10])),
-        "segments": segs, "segments_total": len(p.segments),
-    }  # fmt: skip
+        "trace_id": p.trace_id,
+        "root": p.root,
+        "duration_ms": round(p.duration_ns / 1e6, 6),
+        "by_chip_type": _r(p.share("chip_type")),
+        "by_link_type": _r(p.share("link_type")),
+        "by_op_kind": _r(p.share("op_kind")),
+        "by_name": _r(dict(list(p.share("name").items())[:10])),
+        "segments": segs,
+        "segments_total": len(p.segments),
+    }
 
 
 def _r(d: dict[str, float]) -> dict[str, float]:
@@ -153,8 +164,9 @@ class TraceAnalysis:
     @cached_property
     def tables(self) -> TraceTables:
         """The run reduced to per-chip, per-link, per-step tables (computed once)."""
-        return load_tables(self.con, self.since_ns, self.until_ns, windows=self.windows,
-                           step_name=self.step_name)  # fmt: skip
+        return load_tables(
+            self.con, self.since_ns, self.until_ns, windows=self.windows, step_name=self.step_name
+        )
 
     @cached_property
     def steps(self) -> list[Step]:
@@ -215,19 +227,42 @@ class TraceAnalysis:
     def report(self) -> Report:
         """Metrics, findings, the slowest step's critical path and the utilization series."""
         t = self.tables
-        chips = [{"chip_id": r["chip_id"], "chip_type": r["chip_type"], "ops": r["ops"],
-                  "utilization": round(r["busy_ns"] / t.wall_ns, 4)} for r in t.chips.to_pylist()]
-        links = [{"link_id": r["link_id"], "link_type": r["link_type"], "src": r["link_src"],
-                  "dst": r["link_dst"], "transfers": r["transfers"], "bytes": r["bytes"],
-                  "busy_share": round(r["busy_ns"] / t.wall_ns, 4),
-                  "GBps_while_busy": round(r["bytes"] / r["busy_ns"], 3) if r["busy_ns"] else None,
-                  "bandwidth_GBps": _gb(t.topology.bandwidth(r["link_id"])),
-                  "bandwidth_fraction_while_busy": _frac(r, t.topology.bandwidth(r["link_id"]))}
-                 for r in t.links.to_pylist()]  # fmt: skip
+        chips = [
+            {
+                "chip_id": r["chip_id"],
+                "chip_type": r["chip_type"],
+                "ops": r["ops"],
+                "utilization": round(r["busy_ns"] / t.wall_ns, 4),
+            }
+            for r in t.chips.to_pylist()
+        ]
+        links = [
+            {
+                "link_id": r["link_id"],
+                "link_type": r["link_type"],
+                "src": r["link_src"],
+                "dst": r["link_dst"],
+                "transfers": r["transfers"],
+                "bytes": r["bytes"],
+                "busy_share": round(r["busy_ns"] / t.wall_ns, 4),
+                "GBps_while_busy": round(r["bytes"] / r["busy_ns"], 3) if r["busy_ns"] else None,
+                "bandwidth_GBps": _gb(t.topology.bandwidth(r["link_id"])),
+                "bandwidth_fraction_while_busy": _frac(r, t.topology.bandwidth(r["link_id"])),
+            }
+            for r in t.links.to_pylist()
+        ]
         paths = self.critical_paths  # slowest step first, then the median one
         median = paths[1] if len(paths) > 1 else (paths[0] if paths else None)
-        return Report(self.metrics(), self.findings(), self.critical_path(),
-                      utilization_series(t), chips, links, self.sources, median)  # fmt: skip
+        return Report(
+            self.metrics(),
+            self.findings(),
+            self.critical_path(),
+            utilization_series(t),
+            chips,
+            links,
+            self.sources,
+            median,
+        )
 
     def _range(self) -> str:
         s = "NULL" if self.since_ns is None else int(self.since_ns)
@@ -264,8 +299,11 @@ def utilization_series(t: TraceTables) -> dict[str, Any]:
         if 0 <= k < n_win and ctype in series:
             width = min(t.window_ns, t.t1 - (t.t0 + k * t.window_ns)) or 1
             series[ctype][k] += r["busy_ns"] / width / count[ctype]
-    return {"window_ms": round(t.window_ns / 1e6, 6), "t0_ns": t.t0,
-            "series": {k: [round(v, 4) for v in vs] for k, vs in series.items()}}  # fmt: skip
+    return {
+        "window_ms": round(t.window_ns / 1e6, 6),
+        "t0_ns": t.t0,
+        "series": {k: [round(v, 4) for v in vs] for k, vs in series.items()},
+    }
 
 
 def analyze(

@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"chiptrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _commands():
-        p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
+        p = sub.add_parser(
+            mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP)
+        )
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser

@@ -20,17 +20,41 @@ DESCRIPTION = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default="127.0.0.1:4318", metavar="HOST:PORT",
-                   help="OTLP/HTTP address (default 127.0.0.1:4318; 'none' for no HTTP)")
-    p.add_argument("--grpc", metavar="HOST:PORT", help="also serve OTLP/gRPC here (e.g. 127.0.0.1:4317)")
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:4318",
+        metavar="HOST:PORT",
+        help="OTLP/HTTP address (default 127.0.0.1:4318; 'none' for no HTTP)",
+    )
+    p.add_argument(
+        "--grpc", metavar="HOST:PORT", help="also serve OTLP/gRPC here (e.g. 127.0.0.1:4317)"
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="trace dir to write")
-    p.add_argument("--partition-by", metavar="KEYS", help="hive partitions: date, host, service (comma-separated)")
-    p.add_argument("--max-request-bytes", type=int, default=16 << 20, metavar="N",
-                   help="larger requests get 413 (default 16 MiB)")
-    p.add_argument("--flush-interval", type=float, default=2.0, metavar="S", help="seconds between parts")
-    p.add_argument("--flush-spans", type=int, default=200_000, metavar="N", help="spans per part at most")
-    p.add_argument("--max-buffered", type=int, default=2_000_000, metavar="N",
-                   help="spans held before clients are slowed (503 once full)")
+    p.add_argument(
+        "--partition-by",
+        metavar="KEYS",
+        help="hive partitions: date, host, service (comma-separated)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=16 << 20,
+        metavar="N",
+        help="larger requests get 413 (default 16 MiB)",
+    )
+    p.add_argument(
+        "--flush-interval", type=float, default=2.0, metavar="S", help="seconds between parts"
+    )
+    p.add_argument(
+        "--flush-spans", type=int, default=200_000, metavar="N", help="spans per part at most"
+    )
+    p.add_argument(
+        "--max-buffered",
+        type=int,
+        default=2_000_000,
+        metavar="N",
+        help="spans held before clients are slowed (503 once full)",
+    )
 
 
 def build(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -46,17 +70,31 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
     for flag, addr, port in (("--listen", http, 4318), ("--grpc", args.grpc, 4317)):
         if addr:
             parse_address(flag, addr, port)  # fail before any file is written
-    cfg = resolve(dir=args.out, service="chiptrace-collect", flush_interval_s=args.flush_interval,
-                  flush_spans=args.flush_spans, max_buffered=args.max_buffered, otlp_endpoint="")  # fmt: skip
-    writer = PartWriter(cfg.dir, manifest={"service": "chiptrace-collect", "source": "collect",
-                                           "partition_by": list(partition_by)})  # fmt: skip
+    cfg = resolve(
+        dir=args.out,
+        service="chiptrace-collect",
+        flush_interval_s=args.flush_interval,
+        flush_spans=args.flush_spans,
+        max_buffered=args.max_buffered,
+        otlp_endpoint="",
+    )
+    writer = PartWriter(
+        cfg.dir,
+        manifest={
+            "service": "chiptrace-collect",
+            "source": "collect",
+            "partition_by": list(partition_by),
+        },
+    )
     recorder = Recorder(cfg, [PartitionedStoreSink(writer, partition_by)], writer)
 
     def on_batch(batch: Any) -> bool:
         # block: a full buffer slows the senders (their retries) rather than dropping.
         return recorder.write_batch(batch, block=True)
 
-    receiver = OtlpReceiver(on_batch, http=http, grpc=args.grpc, max_request_bytes=args.max_request_bytes)
+    receiver = OtlpReceiver(
+        on_batch, http=http, grpc=args.grpc, max_request_bytes=args.max_request_bytes
+    )
     return recorder, receiver
 
 
@@ -70,7 +108,11 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         recorder.shutdown()
         raise
-    where = [f"http://{receiver._http_addr[0]}:{receiver.http_port}/v1/traces"] if receiver.http_port else []
+    where = (
+        [f"http://{receiver._http_addr[0]}:{receiver.http_port}/v1/traces"]
+        if receiver.http_port
+        else []
+    )
     if receiver.grpc_port:
         where.append(f"grpc://{receiver._grpc_addr[0]}:{receiver.grpc_port}")
     print(f"collecting OTLP on {' and '.join(where)} into {args.out}", flush=True)
@@ -83,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
         receiver.stop()  # no new acknowledgements from here on
         recorder.shutdown()  # writes everything acknowledged
     s = receiver.stats
-    print(f"stored {s.spans:,} spans from {s.requests:,} requests "
-          f"({s.rejected} rejected, {s.errors} bad requests); {recorder.dropped} dropped", file=sys.stderr)
+    print(
+        f"stored {s.spans:,} spans from {s.requests:,} requests "
+        f"({s.rejected} rejected, {s.errors} bad requests); {recorder.dropped} dropped",
+        file=sys.stderr,
+    )
     return 0

@@ -25,18 +25,35 @@ HELP = "run a sample workload on the emulated rack and show where the time went"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", metavar="DIR", help="trace dir (default: ./chiptrace-traces/demo-<time>)")
-    p.add_argument("--seconds", type=float, default=10.0, help="emulated seconds to run (paced to wall time)")
-    p.add_argument("--steps", type=int, default=None, help="stop after this many training steps instead")
+    p.add_argument(
+        "--out", metavar="DIR", help="trace dir (default: ./chiptrace-traces/demo-<time>)"
+    )
+    p.add_argument(
+        "--seconds", type=float, default=10.0, help="emulated seconds to run (paced to wall time)"
+    )
+    p.add_argument(
+        "--steps", type=int, default=None, help="stop after this many training steps instead"
+    )
     p.add_argument("--topology", default="rack6", help="preset or TOML path (default rack6)")
-    p.add_argument("--workload", default="mixed",
-                   help="mixed (default: train on GPUs + serve on NPUs, every chip type busy), train or infer")  # fmt: skip
-    p.add_argument("--fault", action="append", default=[], metavar="KIND:TARGET[:VALUE]",
-                   help="inject a fault, e.g. slow:gpu:3:4 (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--workload",
+        default="mixed",
+        help="mixed (default: train on GPUs + serve on NPUs, every chip type busy), train or infer",
+    )
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KIND:TARGET[:VALUE]",
+        help="inject a fault, e.g. slow:gpu:3:4 (repeatable)",
+    )
     p.add_argument("--speed", type=float, default=1.0, help="emulated seconds per wall second")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-ui", action="store_true",
-                   help="print a summary instead of the live viewer (automatic when stdout is not a terminal)")  # fmt: skip
+    p.add_argument(
+        "--no-ui",
+        action="store_true",
+        help="print a summary instead of the live viewer (automatic when stdout is not a terminal)",
+    )
 
 
 def run_demo(
@@ -62,10 +79,18 @@ def run_demo(
     from chiptrace.emulator import emulate
 
     return emulate(
-        topology=topology, workload=workload, steps=steps, seed=seed, out=out, faults=faults,
-        realtime=True, speed=speed, sinks=sinks, duration_s=seconds if steps is None else None,
+        topology=topology,
+        workload=workload,
+        steps=steps,
+        seed=seed,
+        out=out,
+        faults=faults,
+        realtime=True,
+        speed=speed,
+        sinks=sinks,
+        duration_s=seconds if steps is None else None,
         progress=False,
-    )  # fmt: skip
+    )
 
 
 SUMMARY_SQL = """
@@ -89,12 +114,25 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"chiptrace-traces/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     if not args.no_ui and sys.stdout.isatty():
         return _run_live(args, out)
-    print(f"chiptrace demo: {args.workload} on the emulated {args.topology}, "
-          f"{args.steps or args.seconds} {'steps' if args.steps else 's'} paced to wall time ...", flush=True)  # fmt: skip
-    result = run_demo(out, args.seconds, steps=args.steps, topology=args.topology, workload=args.workload,
-                      faults=args.fault, speed=args.speed, seed=args.seed)  # fmt: skip
+    print(
+        f"chiptrace demo: {args.workload} on the emulated {args.topology}, "
+        f"{args.steps or args.seconds} {'steps' if args.steps else 's'} paced to wall time ...",
+        flush=True,
+    )
+    result = run_demo(
+        out,
+        args.seconds,
+        steps=args.steps,
+        topology=args.topology,
+        workload=args.workload,
+        faults=args.fault,
+        speed=args.speed,
+        seed=args.seed,
+    )
     con = connect(out)
-    print(f"{result.steps} steps, {result.spans:,} spans, {result.virtual_ns / 1e9:.2f} s emulated -> {out}\n")
+    print(
+        f"{result.steps} steps, {result.spans:,} spans, {result.virtual_ns / 1e9:.2f} s emulated -> {out}\n"
+    )
     print(format_table(con.sql(SUMMARY_SQL).to_arrow_table()))
     print()
     print(format_table(con.sql(PHASES_SQL).to_arrow_table()))
@@ -107,8 +145,17 @@ def _run_live(args: argparse.Namespace, out: Path) -> int:
     from chiptrace.viewer.launch import live_app
 
     def target(feed: Any) -> Any:
-        return run_demo(out, args.seconds, [feed], steps=args.steps, topology=args.topology,
-                        workload=args.workload, faults=args.fault, speed=args.speed, seed=args.seed)  # fmt: skip
+        return run_demo(
+            out,
+            args.seconds,
+            [feed],
+            steps=args.steps,
+            topology=args.topology,
+            workload=args.workload,
+            faults=args.fault,
+            speed=args.speed,
+            seed=args.seed,
+        )
 
     app, live = live_app(out, target, f"demo: {args.workload} on {args.topology}")
     live.start()
@@ -119,6 +166,8 @@ def _run_live(args: argparse.Namespace, out: Path) -> int:
         print(f"chiptrace demo: viewer closed before the run ended; spans so far are in {out}")
     else:
         r = live.result
-        print(f"chiptrace demo: {r.steps} steps, {r.spans:,} spans, {r.virtual_ns / 1e9:.2f} s emulated -> {out}")
+        print(
+            f"chiptrace demo: {r.steps} steps, {r.spans:,} spans, {r.virtual_ns / 1e9:.2f} s emulated -> {out}"
+        )
     print(f"next: chiptrace view {out}  ·  chiptrace report {out}")
     return 0

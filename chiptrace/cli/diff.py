@@ -36,8 +36,9 @@ def load_side(path: str) -> dict[str, Any]:
         except (OSError, ValueError) as e:
             raise ChiptraceError(f"{path}: not a readable report JSON ({e})") from e
         if not isinstance(data, dict) or "metrics" not in data or "findings" not in data:
-            raise ChiptraceError(f"{path}: expected `chiptrace report --json` output "
-                                 "(keys metrics, findings)")
+            raise ChiptraceError(
+                f"{path}: expected `chiptrace report --json` output (keys metrics, findings)"
+            )
         return data
     return TraceAnalysis(path).report().to_dict()
 

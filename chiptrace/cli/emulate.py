@@ -17,22 +17,45 @@ DESCRIPTION = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--topology", default="rack6", help="preset (rack6, nvl72, pcie8) or a TOML path")
-    p.add_argument("--workload", default="train", help="train, infer or mixed (train on GPUs + serve on NPUs)")
+    p.add_argument(
+        "--topology", default="rack6", help="preset (rack6, nvl72, pcie8) or a TOML path"
+    )
+    p.add_argument(
+        "--workload", default="train", help="train, infer or mixed (train on GPUs + serve on NPUs)"
+    )
     p.add_argument("--steps", type=int, default=20, help="training steps or inference batches")
     p.add_argument("--seed", type=int, default=0, help="same seed, same spans (ids included)")
-    p.add_argument("--out", metavar="DIR", help="trace dir (default: ./chiptrace-traces/emulate-<time>)")
-    p.add_argument("--fault", action="append", default=[], metavar="KIND:TARGET[:VALUE]",
-                   help="slow:gpu:3:4, degrade:LINK_ID:0.1, down:LINK_ID, straggler:CHIP:0.5 (ms); repeatable")  # fmt: skip
+    p.add_argument(
+        "--out", metavar="DIR", help="trace dir (default: ./chiptrace-traces/emulate-<time>)"
+    )
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KIND:TARGET[:VALUE]",
+        help="slow:gpu:3:4, degrade:LINK_ID:0.1, down:LINK_ID, straggler:CHIP:0.5 (ms); repeatable",
+    )
     p.add_argument("--precision", default="bf16", help="fp32, bf16, fp16, fp8, nvfp4, int8")
     p.add_argument("--schedule", default="static", help="static or dynamic placement")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="options",
-                   help="workload knob, e.g. bucket_mb=8, overlap=false, optimizer=cpu; repeatable")  # fmt: skip
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="options",
+        help="workload knob, e.g. bucket_mb=8, overlap=false, optimizer=cpu; repeatable",
+    )
     p.add_argument("--realtime", action="store_true", help="pace the run to wall time")
     p.add_argument("--speed", type=float, default=1.0, help="with --realtime: virtual s per wall s")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--scenario", help="start from a named scenario (see --list); flags given add to it")
-    p.add_argument("--list", action="store_true", help="list the preset topologies and named scenarios, then exit")
+    p.add_argument(
+        "--scenario", help="start from a named scenario (see --list); flags given add to it"
+    )
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="list the preset topologies and named scenarios, then exit",
+    )
 
 
 def parse_options(items: list[str]) -> dict[str, str]:
@@ -92,11 +115,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     kwargs = {
-        "topology": args.topology, "workload": args.workload, "steps": args.steps, "seed": args.seed,
-        "out": args.out, "faults": args.fault, "precision": args.precision, "schedule": args.schedule,
-        "realtime": args.realtime, "speed": args.speed, "options": parse_options(args.options),
+        "topology": args.topology,
+        "workload": args.workload,
+        "steps": args.steps,
+        "seed": args.seed,
+        "out": args.out,
+        "faults": args.fault,
+        "precision": args.precision,
+        "schedule": args.schedule,
+        "realtime": args.realtime,
+        "speed": args.speed,
+        "options": parse_options(args.options),
         "progress": False if args.no_progress else None,
-    }  # fmt: skip
+    }
     if args.scenario:
         kwargs = with_scenario(args.scenario, kwargs)
     result = emulate(**kwargs)

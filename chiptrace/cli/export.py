@@ -22,21 +22,46 @@ FORMATS = ("otlp", "jaeger-json", "chrome")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dirs", nargs="+", metavar="DIR", help="trace dir(s) or glob(s)")
-    p.add_argument("--otlp", nargs="?", const="", metavar="URL",
-                   help="send over OTLP to URL (default: OTEL_EXPORTER_OTLP_ENDPOINT or http://localhost:4318)")
+    p.add_argument(
+        "--otlp",
+        nargs="?",
+        const="",
+        metavar="URL",
+        help="send over OTLP to URL (default: OTEL_EXPORTER_OTLP_ENDPOINT or http://localhost:4318)",
+    )
     p.add_argument("--format", "-f", choices=FORMATS, help="output format (default: otlp)")
-    p.add_argument("-o", "--output", metavar="FILE", help="file for jaeger-json / chrome ('-' = stdout)")
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="file for jaeger-json / chrome ('-' = stdout)"
+    )
     g = p.add_argument_group("which spans")
-    g.add_argument("--trace-id", action="append", default=[], metavar="HEX", help="only this trace (repeatable)")
-    g.add_argument("--since", metavar="TIME", help="spans starting at/after TIME (Unix ns or ISO 8601)")
+    g.add_argument(
+        "--trace-id",
+        action="append",
+        default=[],
+        metavar="HEX",
+        help="only this trace (repeatable)",
+    )
+    g.add_argument(
+        "--since", metavar="TIME", help="spans starting at/after TIME (Unix ns or ISO 8601)"
+    )
     g.add_argument("--until", metavar="TIME", help="spans starting before TIME")
     g.add_argument("--where", metavar="SQL", help="SQL condition over spans_raw columns")
     o = p.add_argument_group("OTLP")
-    o.add_argument("--header", action="append", default=[], metavar="K=V", help="request header (repeatable)")
-    o.add_argument("--compression", choices=("gzip", "none"), help="default: OTEL_EXPORTER_OTLP_COMPRESSION or none")
-    o.add_argument("--timeout", type=float, metavar="S", help="per-request timeout in seconds (default 10)")
+    o.add_argument(
+        "--header", action="append", default=[], metavar="K=V", help="request header (repeatable)"
+    )
+    o.add_argument(
+        "--compression",
+        choices=("gzip", "none"),
+        help="default: OTEL_EXPORTER_OTLP_COMPRESSION or none",
+    )
+    o.add_argument(
+        "--timeout", type=float, metavar="S", help="per-request timeout in seconds (default 10)"
+    )
     o.add_argument("--batch-size", type=int, default=2048, metavar="N", help="spans per request")
-    o.add_argument("--retries", type=int, default=5, metavar="N", help="retries of a failed request")
+    o.add_argument(
+        "--retries", type=int, default=5, metavar="N", help="retries of a failed request"
+    )
     o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -55,7 +80,9 @@ class Progress:
             frac = self.done / self.total if self.total else 1.0
             bar = "#" * int(frac * 30)
             rate = self.done / max(now - self.t0, 1e-9)
-            sys.stderr.write(f"\rexport [{bar:<30}] {self.done:,}/{self.total:,} spans {rate:,.0f}/s")
+            sys.stderr.write(
+                f"\rexport [{bar:<30}] {self.done:,}/{self.total:,} spans {rate:,.0f}/s"
+            )
             sys.stderr.flush()
 
     def end(self) -> None:
@@ -89,13 +116,21 @@ def _otlp(args: argparse.Namespace, source: Any) -> int:
     )
     bar = Progress(source.count, not args.no_progress and sys.stderr.isatty())
     try:
-        result = export_batches(source.batches(), settings, total=source.count,
-                                batch_spans=args.batch_size, retries=args.retries, progress=bar)
+        result = export_batches(
+            source.batches(),
+            settings,
+            total=source.count,
+            batch_spans=args.batch_size,
+            retries=args.retries,
+            progress=bar,
+        )
     finally:
         bar.end()
-    print(f"sent {result.spans:,} spans in {result.requests} requests to {result.url} "
-          f"({result.seconds:.2f}s, {result.spans_per_s:,.0f} spans/s)"
-          + (f"; receiver rejected {result.rejected}" if result.rejected else ""))
+    print(
+        f"sent {result.spans:,} spans in {result.requests} requests to {result.url} "
+        f"({result.seconds:.2f}s, {result.spans_per_s:,.0f} spans/s)"
+        + (f"; receiver rejected {result.rejected}" if result.rejected else "")
+    )
     return 0
 
 

@@ -57,8 +57,11 @@ def format_table(table: Any, max_rows: int = 100) -> str:
     text = [line(names), "  ".join("-" * w for w in widths)]
     text += [line(r) for r in rows]
     more = table.num_rows - len(shown)
-    text.append(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''}"
-                + (f", {more} not shown; use --max-rows or --format csv" if more else "") + ")")
+    text.append(
+        f"({table.num_rows} row{'s' if table.num_rows != 1 else ''}"
+        + (f", {more} not shown; use --max-rows or --format csv" if more else "")
+        + ")"
+    )
     return "\n".join(text) + "\n"
 
 

@@ -24,10 +24,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since-ns", type=int, help="analyse spans from this Unix time (ns)")
     p.add_argument("--until-ns", type=int, help="analyse spans until this Unix time (ns)")
     p.add_argument("--step", metavar="NAME", help="root span name of a step (default: guessed)")
-    p.add_argument("--sample-steps", type=int, default=5, metavar="N",
-                   help="steps analysed span by span (critical path, overlap); default 5")
-    p.add_argument("--max-step-spans", type=int, default=400_000, metavar="N",
-                   help="skip span-by-span analysis of steps bigger than this (default 400000)")
+    p.add_argument(
+        "--sample-steps",
+        type=int,
+        default=5,
+        metavar="N",
+        help="steps analysed span by span (critical path, overlap); default 5",
+    )
+    p.add_argument(
+        "--max-step-spans",
+        type=int,
+        default=400_000,
+        metavar="N",
+        help="skip span-by-span analysis of steps bigger than this (default 400000)",
+    )
 
 
 def write_text(path: str, text: str) -> None:
@@ -49,9 +59,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sample_steps < 0:
         raise ChiptraceError(f"--sample-steps {args.sample_steps}: expected 0 or more")
-    ta = TraceAnalysis(args.dirs, since_ns=args.since_ns, until_ns=args.until_ns,
-                       step_name=args.step, sample_steps=args.sample_steps,
-                       max_step_spans=args.max_step_spans)
+    ta = TraceAnalysis(
+        args.dirs,
+        since_ns=args.since_ns,
+        until_ns=args.until_ns,
+        step_name=args.step,
+        sample_steps=args.sample_steps,
+        max_step_spans=args.max_step_spans,
+    )
     report = ta.report().to_dict()
     if args.html:
         write_text(args.html, render_html(report))

@@ -25,15 +25,29 @@ class ViewArgumentError(ChiptraceError):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", nargs="?", metavar="DIR", help="trace dir to follow (may not exist yet)")
-    p.add_argument("--otlp", nargs="?", const=DEFAULT_OTLP, metavar="HOST:PORT",
-                   help=f"receive OTLP/HTTP spans (default {DEFAULT_OTLP})")  # fmt: skip
+    p.add_argument(
+        "--otlp",
+        nargs="?",
+        const=DEFAULT_OTLP,
+        metavar="HOST:PORT",
+        help=f"receive OTLP/HTTP spans (default {DEFAULT_OTLP})",
+    )
     p.add_argument("--out", metavar="DIR", help="with --otlp: also store the spans in DIR")
-    p.add_argument("--replay", nargs="?", type=float, const=1.0, metavar="SPEED",
-                   help="replay a finished trace paced to wall time (SPEED x real time)")  # fmt: skip
+    p.add_argument(
+        "--replay",
+        nargs="?",
+        type=float,
+        const=1.0,
+        metavar="SPEED",
+        help="replay a finished trace paced to wall time (SPEED x real time)",
+    )
     p.add_argument("--window-ms", type=float, metavar="MS", help="initial dashboard window")
     p.add_argument("--no-ui", action="store_true", help="print the dashboard once as text and exit")
-    p.add_argument("--screenshot", metavar="FILE.svg",
-                   help="render the dashboard headless once DIR is read, save it as SVG, exit")  # fmt: skip
+    p.add_argument(
+        "--screenshot",
+        metavar="FILE.svg",
+        help="render the dashboard headless once DIR is read, save it as SVG, exit",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if args.otlp:
         return _run_otlp(args, window_ns)
     if not args.dir:
-        raise ViewArgumentError("give a trace DIR to follow, or --otlp [HOST:PORT] to receive spans")
+        raise ViewArgumentError(
+            "give a trace DIR to follow, or --otlp [HOST:PORT] to receive spans"
+        )
     directory = Path(args.dir)
     if directory.exists() and not directory.is_dir():
         raise StoreError(f"{args.dir}: expected a trace directory, not a file")

@@ -109,7 +109,9 @@ def span_header(buf: bytes, lo: int, hi: int) -> tuple[Any, ...] | None:
     return _header_any_order(buf, lo, hi, trace_id, span_id)
 
 
-def _header_any_order(buf: bytes, lo: int, hi: int, trace_id: bytes, span_id: bytes) -> tuple[Any, ...] | None:
+def _header_any_order(
+    buf: bytes, lo: int, hi: int, trace_id: bytes, span_id: bytes
+) -> tuple[Any, ...] | None:
     i, parent, name, kind, start, end = lo + 28, None, "", 0, 0, 0
     while i + 2 <= hi:
         t = buf[i]

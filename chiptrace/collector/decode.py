@@ -94,8 +94,11 @@ def columns_to_batch(reader: SpanReader) -> Decoded:
     """The spans a SpanReader collected, as one batch of the store's schema."""
     c = reader.columns()
     n = len(c["span_id"])
-    reason = (f"{reader.rejected} span(s) with a trace id not 16 bytes or a span id not 8"
-              if reader.rejected else "")  # fmt: skip
+    reason = (
+        f"{reader.rejected} span(s) with a trace id not 16 bytes or a span id not 8"
+        if reader.rejected
+        else ""
+    )
     if n == 0:
         return Decoded(empty_batch(), reader.rejected, reason)
     columns: dict[str, Any] = {}

@@ -59,7 +59,9 @@ def parse_address(name: str, text: str, default_port: int) -> tuple[str, int]:
     except ValueError:
         p = -1
     if not 0 <= p <= 65535:
-        raise ConfigError(f"{name} {text!r}: expected HOST:PORT, for example 127.0.0.1:{default_port}")
+        raise ConfigError(
+            f"{name} {text!r}: expected HOST:PORT, for example 127.0.0.1:{default_port}"
+        )
     return host.strip("[]") or "127.0.0.1", p
 
 
@@ -129,10 +131,14 @@ class OtlpReceiver:
             try:
                 self._httpd = ThreadingHTTPServer(self._http_addr, _handler(self))
             except OSError as e:
-                raise ConfigError(f"cannot listen on {self._http_addr[0]}:{self._http_addr[1]}: {e.strerror}") from e
+                raise ConfigError(
+                    f"cannot listen on {self._http_addr[0]}:{self._http_addr[1]}: {e.strerror}"
+                ) from e
             self._httpd.daemon_threads = True
             self.http_port = self._httpd.server_address[1]
-            threading.Thread(target=self._httpd.serve_forever, name="chiptrace-otlp-http", daemon=True).start()
+            threading.Thread(
+                target=self._httpd.serve_forever, name="chiptrace-otlp-http", daemon=True
+            ).start()
         if self._grpc_addr:
             self._start_grpc()
         return self
@@ -145,7 +151,9 @@ class OtlpReceiver:
             options=[("grpc.max_receive_message_length", self.max_request_bytes)],
         )
         handler = grpc.unary_unary_rpc_method_handler(self._grpc_export)  # raw bytes in and out
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(GRPC_SERVICE, {"Export": handler}),))
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(GRPC_SERVICE, {"Export": handler}),)
+        )
         host, port = self._grpc_addr
         try:
             self.grpc_port = server.add_insecure_port(f"{host}:{port}")
@@ -228,7 +236,9 @@ class OtlpReceiver:
             return _response(self.handle(request, "application/x-protobuf"))
         except RequestError as e:
             self.stats.add(error=True)
-            code = grpc.StatusCode.INVALID_ARGUMENT if e.status == 400 else grpc.StatusCode.UNAVAILABLE
+            code = (
+                grpc.StatusCode.INVALID_ARGUMENT if e.status == 400 else grpc.StatusCode.UNAVAILABLE
+            )
             context.abort(code, str(e))
             raise  # abort raises; this keeps type checkers honest
 
@@ -276,7 +286,9 @@ def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args: Any) -> None:
             pass
 
-        def _reply(self, status: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+        def _reply(
+            self, status: int, body: bytes, ctype: str = "text/plain; charset=utf-8"
+        ) -> None:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -306,13 +318,20 @@ def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
             ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
             if ctype not in _PROTOBUF + _JSON:
                 self.close_connection = True
-                raise RequestError(415, f"Content-Type {ctype!r}: expected application/x-protobuf or application/json")
+                raise RequestError(
+                    415,
+                    f"Content-Type {ctype!r}: expected application/x-protobuf or application/json",
+                )
             body = read_body(self.headers, self.rfile, receiver.max_request_bytes)
             decoded = receiver.handle(body, ctype)
             if ctype in _JSON:
-                resp = b"{}" if not decoded.rejected else (
-                    b'{"partialSuccess":{"rejectedSpans":"%d","errorMessage":"%s"}}'
-                    % (decoded.rejected, decoded.reason.encode())
+                resp = (
+                    b"{}"
+                    if not decoded.rejected
+                    else (
+                        b'{"partialSuccess":{"rejectedSpans":"%d","errorMessage":"%s"}}'
+                        % (decoded.rejected, decoded.reason.encode())
+                    )
                 )
                 self._reply(200, resp, "application/json")
             else:

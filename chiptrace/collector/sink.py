@@ -35,7 +35,9 @@ def parse_partition_by(text: str | None) -> tuple[str, ...]:
     keys = tuple(k.strip() for k in text.split(",") if k.strip())
     for k in keys:
         if k not in PARTITION_KEYS:
-            raise ConfigError(f"--partition-by {text!r}: unknown key {k!r}; expected some of {', '.join(PARTITION_KEYS)}")
+            raise ConfigError(
+                f"--partition-by {text!r}: unknown key {k!r}; expected some of {', '.join(PARTITION_KEYS)}"
+            )
     return keys
 
 
@@ -66,8 +68,10 @@ class PartitionedStoreSink:
             self.writer.write(batch)
             return
         columns = [_values(batch, k) for k in self.partition_by]
-        paths = ["/".join(f"{k}={v}" for k, v in zip(self.partition_by, vals, strict=True))
-                 for vals in zip(*columns, strict=True)]  # fmt: skip
+        paths = [
+            "/".join(f"{k}={v}" for k, v in zip(self.partition_by, vals, strict=True))
+            for vals in zip(*columns, strict=True)
+        ]
         keys = pc.dictionary_encode(pa.array(paths))
         table = pa.Table.from_batches([batch])
         for i, path in enumerate(keys.dictionary.to_pylist()):

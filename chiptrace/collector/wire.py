@@ -26,10 +26,25 @@ TYPED_COLUMNS = tuple(ATTRIBUTE_COLUMNS.values())
 _COL_INDEX = {c: i for i, c in enumerate(TYPED_COLUMNS)}
 _NO_TYPED = (None,) * len(TYPED_COLUMNS)
 SPAN_COLUMNS = (
-    "trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns",
-    "status_code", "status_message", "service", "host", "pid", "scope", "resource",
-    "attributes", "events", "links", *TYPED_COLUMNS,
-)  # fmt: skip
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "start_ns",
+    "end_ns",
+    "status_code",
+    "status_message",
+    "service",
+    "host",
+    "pid",
+    "scope",
+    "resource",
+    "attributes",
+    "events",
+    "links",
+    *TYPED_COLUMNS,
+)
 
 
 def _any(value: Any) -> Any:
@@ -96,7 +111,9 @@ class SpanReader:
         hit = self._status.get(raw)
         if hit is None:
             st = Status.FromString(raw)
-            hit = self._caches.put(self._status, raw, (st.code if st.code < 128 else 0, st.message or None))
+            hit = self._caches.put(
+                self._status, raw, (st.code if st.code < 128 else 0, st.message or None)
+            )
         return hit
 
     # ------------------------------------------------------------ messages
@@ -159,8 +176,25 @@ class SpanReader:
             info = self._tails.get(tail) or self._tail(tail)
             if info is not _HAS_CORE:
                 typed, rest, status, events, links = info
-                self.rows.append((trace_id, span_id, parent, name, kind, start, end, status[0], status[1],
-                                  res, scope, typed, rest, events, links))  # fmt: skip
+                self.rows.append(
+                    (
+                        trace_id,
+                        span_id,
+                        parent,
+                        name,
+                        kind,
+                        start,
+                        end,
+                        status[0],
+                        status[1],
+                        res,
+                        scope,
+                        typed,
+                        rest,
+                        events,
+                        links,
+                    )
+                )
                 return
         sc = scan_span(buf, lo, hi, self)
         trace_id, span_id, parent = sc[0], sc[1], sc[2]
@@ -168,8 +202,25 @@ class SpanReader:
             self.rejected += 1
             return
         typed, rest, status, events, links = self._resolve(sc)
-        self.rows.append((trace_id, span_id, parent or None, sc[3], sc[4], sc[5], sc[6], status[0], status[1],
-                          res, scope, typed, rest, events, links))  # fmt: skip
+        self.rows.append(
+            (
+                trace_id,
+                span_id,
+                parent or None,
+                sc[3],
+                sc[4],
+                sc[5],
+                sc[6],
+                status[0],
+                status[1],
+                res,
+                scope,
+                typed,
+                rest,
+                events,
+                links,
+            )
+        )
 
     def _tail(self, tail: bytes) -> Any:
         sc = scan_span(tail, 0, len(tail), self)
@@ -184,7 +235,13 @@ class SpanReader:
     def _resolve(self, sc: list[Any]) -> tuple[Any, ...]:
         key = tuple(sc[8])
         typed, rest = self._attrs.get(key) or self._attributes(key)
-        return (typed, rest, sc[7], _events(sc[9]) if sc[9] else None, _links(sc[10]) if sc[10] else None)
+        return (
+            typed,
+            rest,
+            sc[7],
+            _events(sc[9]) if sc[9] else None,
+            _links(sc[10]) if sc[10] else None,
+        )
 
     def _attributes(self, raws: tuple[bytes, ...]) -> tuple[tuple[Any, ...], str | None]:
         """(typed column values in TYPED_COLUMNS order, JSON of the rest) of one span."""
@@ -205,17 +262,46 @@ class SpanReader:
         """Everything read so far, column by column (SPAN_COLUMNS)."""
         if not self.rows:
             return {c: [] for c in SPAN_COLUMNS}
-        (trace_id, span_id, parent, name, kind, start, end, code, message, res, scope, typed, rest,
-         events, links) = (list(col) for col in zip(*self.rows, strict=True))  # fmt: skip
+        (
+            trace_id,
+            span_id,
+            parent,
+            name,
+            kind,
+            start,
+            end,
+            code,
+            message,
+            res,
+            scope,
+            typed,
+            rest,
+            events,
+            links,
+        ) = (list(col) for col in zip(*self.rows, strict=True))
         service, host, pid, resource = (list(col) for col in zip(*res, strict=True))
         cols = {
-            "trace_id": trace_id, "span_id": span_id, "parent_span_id": parent, "name": name,
-            "kind": kind, "start_ns": start, "end_ns": end, "status_code": code,
-            "status_message": message, "service": service, "host": host, "pid": pid,
-            "scope": scope, "resource": resource, "attributes": rest, "events": events,
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "parent_span_id": parent,
+            "name": name,
+            "kind": kind,
+            "start_ns": start,
+            "end_ns": end,
+            "status_code": code,
+            "status_message": message,
+            "service": service,
+            "host": host,
+            "pid": pid,
+            "scope": scope,
+            "resource": resource,
+            "attributes": rest,
+            "events": events,
             "links": links,
-        }  # fmt: skip
-        cols.update(zip(TYPED_COLUMNS, (list(col) for col in zip(*typed, strict=True)), strict=True))
+        }
+        cols.update(
+            zip(TYPED_COLUMNS, (list(col) for col in zip(*typed, strict=True)), strict=True)
+        )
         return cols
 
 
@@ -225,7 +311,9 @@ def _events(raws: list[bytes]) -> str:
     out = []
     for raw in raws:
         e = Span.Event.FromString(raw)
-        out.append({"name": e.name, "time_ns": e.time_unix_nano, "attributes": key_values(e.attributes)})
+        out.append(
+            {"name": e.name, "time_ns": e.time_unix_nano, "attributes": key_values(e.attributes)}
+        )
     return dumps(out)
 
 
@@ -235,8 +323,13 @@ def _links(raws: list[bytes]) -> str:
     out = []
     for raw in raws:
         lk = Span.Link.FromString(raw)
-        out.append({"trace_id": lk.trace_id.hex(), "span_id": lk.span_id.hex(),
-                    "attributes": key_values(lk.attributes)})  # fmt: skip
+        out.append(
+            {
+                "trace_id": lk.trace_id.hex(),
+                "span_id": lk.span_id.hex(),
+                "attributes": key_values(lk.attributes),
+            }
+        )
     return dumps(out)
 
 
@@ -249,7 +342,8 @@ def _resource(resource: Any) -> tuple[str, str | None, int | None, str]:
     return (
         str(attrs.get("service.name") or "unknown_service"),
         str(host) if host is not None else None,
-        pid if isinstance(pid, int) and not isinstance(pid, bool) and -(2**31) <= pid < 2**31 else None,
+        pid
+        if isinstance(pid, int) and not isinstance(pid, bool) and -(2**31) <= pid < 2**31
+        else None,
         dumps(attrs),
     )
-

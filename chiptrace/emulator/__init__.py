@@ -15,7 +15,18 @@ from chiptrace.emulator.scenarios import SCENARIOS
 from chiptrace.emulator.topology import PRESETS, Topology, build_topology, load_topology
 
 __all__ = [
-    "PRESETS", "SCENARIOS", "EmulationResult", "EmulatorError", "Fault", "FaultError", "Topology",
-    "TopologyError", "WorkloadError", "build_topology", "emulate", "load_topology",
-    "make_config", "parse_fault",
-]  # fmt: skip
+    "PRESETS",
+    "SCENARIOS",
+    "EmulationResult",
+    "EmulatorError",
+    "Fault",
+    "FaultError",
+    "Topology",
+    "TopologyError",
+    "WorkloadError",
+    "build_topology",
+    "emulate",
+    "load_topology",
+    "make_config",
+    "parse_fault",
+]

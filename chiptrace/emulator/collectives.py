@@ -39,14 +39,18 @@ def _round(routes: Sequence[Route], nbytes: float, repeat: int = 1) -> Round:
     return Round(dirs, np.full(len(routes), nbytes), lat, repeat)
 
 
-def _striped(net: Network, pairs: Sequence[tuple[str, str]], channels: int) -> tuple[list[Route], int]:
+def _striped(
+    net: Network, pairs: Sequence[tuple[str, str]], channels: int
+) -> tuple[list[Route], int]:
     """One route per (pair, channel): channel c of a pair takes its c-th parallel plane."""
     planes = [net.planes(a, b) for a, b in pairs]
     c = channels or min(len(p) for p in planes)
     return [p[k % len(p)] for p in planes for k in range(c)], c
 
 
-def ring_allreduce(net: Network, ranks: Sequence[str], nbytes: float, channels: int = 0) -> list[Round]:
+def ring_allreduce(
+    net: Network, ranks: Sequence[str], nbytes: float, channels: int = 0
+) -> list[Round]:
     """Reduce-scatter then all-gather around the ring: 2(n-1) rounds of S/n bytes per rank
     (split over `channels` planes; 0 = every parallel plane the ring's hops have)."""
     n = len(ranks)
@@ -56,14 +60,18 @@ def ring_allreduce(net: Network, ranks: Sequence[str], nbytes: float, channels: 
     return [_round(routes, nbytes / n / c, 2 * (n - 1))]
 
 
-def tree_allreduce(net: Network, ranks: Sequence[str], nbytes: float, channels: int = 0) -> list[Round]:
+def tree_allreduce(
+    net: Network, ranks: Sequence[str], nbytes: float, channels: int = 0
+) -> list[Round]:
     """Reduce up a binary tree (rank i's parent is (i-1)//2), then broadcast down: one round
     per tree level each way, each moving the whole buffer."""
     n = len(ranks)
     if n < 2:
         return []
     depth = int(np.floor(np.log2(n)))
-    levels = [[i for i in range(1, n) if int(np.floor(np.log2(i + 1))) == d] for d in range(1, depth + 1)]
+    levels = [
+        [i for i in range(1, n) if int(np.floor(np.log2(i + 1))) == d] for d in range(1, depth + 1)
+    ]
     up, down = [], []
     for lv in reversed(levels):
         routes, c = _striped(net, [(ranks[i], ranks[(i - 1) // 2]) for i in lv], channels)
@@ -74,14 +82,18 @@ def tree_allreduce(net: Network, ranks: Sequence[str], nbytes: float, channels: 
     return up + down
 
 
-def plan(net: Network, algorithm: str, ranks: Sequence[str], nbytes: float, channels: int = 0) -> list[Round]:
+def plan(
+    net: Network, algorithm: str, ranks: Sequence[str], nbytes: float, channels: int = 0
+) -> list[Round]:
     """The rounds of an all-reduce of `nbytes` per rank."""
     return (ring_allreduce if algorithm == "ring" else tree_allreduce)(net, ranks, nbytes, channels)
 
 
 def duration_ns(net: Network, rounds: Sequence[Round]) -> float:
     """Total time of a collective (sum of its rounds' slowest flows)."""
-    return float(sum(net.static_share(r.dirs, r.nbytes, r.latency).max() * r.repeat for r in rounds))
+    return float(
+        sum(net.static_share(r.dirs, r.nbytes, r.latency).max() * r.repeat for r in rounds)
+    )
 
 
 def emit(
@@ -104,7 +116,15 @@ def emit(
         dirs = np.broadcast_to(r.dirs[None], starts.shape)
         nb = np.broadcast_to(r.nbytes[None, :, None], starts.shape)
         valid = dirs >= 0
-        table.add(trace, name, starts[valid], ends[valid], parent, dir=dirs[valid], op="comm",
-                  nbytes=np.rint(nb[valid]).astype(np.int64))  # fmt: skip
+        table.add(
+            trace,
+            name,
+            starts[valid],
+            ends[valid],
+            parent,
+            dir=dirs[valid],
+            op="comm",
+            nbytes=np.rint(nb[valid]).astype(np.int64),
+        )
         t += step * r.repeat
     return t

@@ -26,11 +26,17 @@ class Fabric:
         ndir = len(net.dir_bw)
         ends = [net.dir_endpoints(d) for d in range(ndir)]
         # The switch a direction leads into (or, for a switch's own uplink, out of): -1 for none.
-        self.dir_switch = np.array([
-            index[b] if topo.chips[b].type == "switch"
-            else index[a] if topo.chips[a].type == "switch" else -1
-            for a, b in ends
-        ], dtype=np.int64)  # fmt: skip
+        self.dir_switch = np.array(
+            [
+                index[b]
+                if topo.chips[b].type == "switch"
+                else index[a]
+                if topo.chips[a].type == "switch"
+                else -1
+                for a, b in ends
+            ],
+            dtype=np.int64,
+        )
 
     def switches_of(self, dirs: Sequence[int]) -> list[int]:
         """Span-table indices of the switches a route crosses, in order, each once."""
@@ -55,12 +61,28 @@ class Fabric:
             for s in np.unique(sw[sw >= 0]):
                 through = (sw == s).any(axis=1)  # flows that cross switch s
                 starts = t + step * np.arange(r.repeat, dtype=np.float64)
-                tb.add(trace, name, starts, starts + float(dur[through].max()), parent, chip=int(s),
-                       op="comm", nbytes=int(round(float(r.nbytes[through].sum()))))  # fmt: skip
+                tb.add(
+                    trace,
+                    name,
+                    starts,
+                    starts + float(dur[through].max()),
+                    parent,
+                    chip=int(s),
+                    op="comm",
+                    nbytes=int(round(float(r.nbytes[through].sum()))),
+                )
             t += step * r.repeat
 
-    def forward_union(self, switch: np.ndarray, starts: np.ndarray, ends: np.ndarray, nbytes: float,
-                      trace: int, parent: int, caused: np.ndarray) -> None:  # fmt: skip
+    def forward_union(
+        self,
+        switch: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        nbytes: float,
+        trace: int,
+        parent: int,
+        caused: np.ndarray,
+    ) -> None:
         """`forward` spans for transfers through `switch` (span-table indices): transfers
         that overlap on one switch make one span over their union with their summed bytes,
         so a chip's op spans never overlap (the viewer sums busy time per chip). Each span
@@ -74,7 +96,14 @@ class Fabric:
                 rows[-1] = (sw, a0, max(b0, b), n0 + 1, [*ids, int(caused[i])])
             else:
                 rows.append((sw, a, b, 1, [int(caused[i])]))
-        tb.add(trace, tb.name("forward"), np.array([r[1] for r in rows]), np.array([r[2] for r in rows]), parent,
-               chip=np.array([r[0] for r in rows]), op="comm",
-               nbytes=np.array([round(r[3] * nbytes) for r in rows], np.int64),
-               links=[[(trace, x) for x in r[4]] for r in rows])  # fmt: skip
+        tb.add(
+            trace,
+            tb.name("forward"),
+            np.array([r[1] for r in rows]),
+            np.array([r[2] for r in rows]),
+            parent,
+            chip=np.array([r[0] for r in rows]),
+            op="comm",
+            nbytes=np.array([round(r[3] * nbytes) for r in rows], np.int64),
+            links=[[(trace, x) for x in r[4]] for r in rows],
+        )

@@ -17,8 +17,11 @@ from chiptrace.emulator.errors import FaultError
 from chiptrace.emulator.topology import Topology
 
 KINDS = ("slow", "degrade", "down", "straggler")
-_NEEDS_VALUE = {"slow": "a factor > 0 (4 = four times slower)", "degrade": "a fraction in (0, 1]",
-                "straggler": "a delay in ms >= 0"}  # fmt: skip
+_NEEDS_VALUE = {
+    "slow": "a factor > 0 (4 = four times slower)",
+    "degrade": "a fraction in (0, 1]",
+    "straggler": "a delay in ms >= 0",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +45,14 @@ def parse_fault(spec: str, topology: Topology) -> Fault:
     """
     kind, sep, rest = str(spec).partition(":")
     if kind not in KINDS or not sep or not rest:
-        raise FaultError(f"--fault {spec!r}: expected KIND:TARGET[:VALUE] with KIND one of {', '.join(KINDS)}")
+        raise FaultError(
+            f"--fault {spec!r}: expected KIND:TARGET[:VALUE] with KIND one of {', '.join(KINDS)}"
+        )
     links = {lk.id for lk in topology.links}
     if kind != "down" and (rest in links or rest in topology.chips):
-        raise FaultError(f"--fault {spec!r}: {kind} needs a VALUE after the target: {_NEEDS_VALUE[kind]}")
+        raise FaultError(
+            f"--fault {spec!r}: {kind} needs a VALUE after the target: {_NEEDS_VALUE[kind]}"
+        )
     if kind == "down":
         target, value = rest, None
     else:
@@ -53,7 +60,9 @@ def parse_fault(spec: str, topology: Topology) -> Fault:
         try:
             value = float(raw)
         except ValueError:
-            raise FaultError(f"--fault {spec!r}: VALUE {raw!r} is not a number; expected {_NEEDS_VALUE[kind]}") from None
+            raise FaultError(
+                f"--fault {spec!r}: VALUE {raw!r} is not a number; expected {_NEEDS_VALUE[kind]}"
+            ) from None
         ok = {"slow": value > 0, "degrade": 0 < value <= 1, "straggler": value >= 0}[kind]
         if not ok or not np.isfinite(value):
             raise FaultError(f"--fault {spec!r}: VALUE {raw!r}: expected {_NEEDS_VALUE[kind]}")
@@ -61,7 +70,9 @@ def parse_fault(spec: str, topology: Topology) -> Fault:
     if target not in known:
         what = "link" if kind in ("degrade", "down") else "chip"
         example = next(iter(known), "?")
-        raise FaultError(f"--fault {spec!r}: no {what} {target!r} in topology {topology.name} (e.g. {example!r})")
+        raise FaultError(
+            f"--fault {spec!r}: no {what} {target!r} in topology {topology.name} (e.g. {example!r})"
+        )
     return Fault(spec, kind, target, value)
 
 

@@ -45,16 +45,31 @@ class InferConfig:
         return 12.0 * self.hidden**2 * self.layers
 
     def check(self) -> None:
-        for k in ("layers", "hidden", "prompt_tokens", "output_tokens", "token_budget", "decode_chunk"):
+        for k in (
+            "layers",
+            "hidden",
+            "prompt_tokens",
+            "output_tokens",
+            "token_budget",
+            "decode_chunk",
+        ):
             if getattr(self, k) < 1:
-                raise WorkloadError(f"workload {k} = {getattr(self, k)!r}: expected an integer >= 1")
+                raise WorkloadError(
+                    f"workload {k} = {getattr(self, k)!r}: expected an integer >= 1"
+                )
         if not self.rate > 0 or self.max_wait_ms < 0:
-            raise WorkloadError(f"workload rate = {self.rate!r} / max_wait_ms = {self.max_wait_ms!r}: expected > 0 / >= 0")
+            raise WorkloadError(
+                f"workload rate = {self.rate!r} / max_wait_ms = {self.max_wait_ms!r}: expected > 0 / >= 0"
+            )
         if self.devices not in ("gpu", "npu", "gpu+npu"):
-            raise WorkloadError(f"workload devices = {self.devices!r}: expected gpu, npu or gpu+npu")
+            raise WorkloadError(
+                f"workload devices = {self.devices!r}: expected gpu, npu or gpu+npu"
+            )
         for k in ("prefill_precision", "decode_precision"):
             if getattr(self, k) and getattr(self, k) not in PRECISIONS:
-                raise WorkloadError(f"workload {k} = {getattr(self, k)!r}: expected one of {', '.join(PRECISIONS)}")
+                raise WorkloadError(
+                    f"workload {k} = {getattr(self, k)!r}: expected one of {', '.join(PRECISIONS)}"
+                )
 
 
 class Inference:
@@ -66,15 +81,28 @@ class Inference:
         topo = ctx.topology
         self.devices = [c for t in cfg.devices.split("+") for c in topo.of_type(t)]
         if not self.devices:
-            raise WorkloadError(f"workload devices = {cfg.devices!r}: topology {topo.name} has none")
+            raise WorkloadError(
+                f"workload devices = {cfg.devices!r}: topology {topo.name} has none"
+            )
         default = ctx.precision
         self.prefill = cfg.prefill_precision or ("fp8" if default == "bf16" else default)
         self.decode = cfg.decode_precision or ("nvfp4" if default == "bf16" else default)
         self.nic = (topo.of_type("nic") or topo.of_type("cpu") or [None])[0]
         for d in self.devices:
             chip = topo.chips[d]
-            weights = cfg.params * max(BYTES[resolve_precision(chip, self.prefill)], BYTES[resolve_precision(chip, self.decode)])
-            kv = cfg.token_budget * 2 * (cfg.prompt_tokens + cfg.output_tokens) / cfg.prompt_tokens * cfg.layers * cfg.hidden * 2
+            weights = cfg.params * max(
+                BYTES[resolve_precision(chip, self.prefill)],
+                BYTES[resolve_precision(chip, self.decode)],
+            )
+            kv = (
+                cfg.token_budget
+                * 2
+                * (cfg.prompt_tokens + cfg.output_tokens)
+                / cfg.prompt_tokens
+                * cfg.layers
+                * cfg.hidden
+                * 2
+            )
             if weights + kv > chip.memory_bytes:
                 raise WorkloadError(
                     f"workload does not fit: {weights / 1e9:.1f} GB of weights + {kv / 1e9:.1f} GB of KV cache "
@@ -87,8 +115,14 @@ class Inference:
         self.next_arrival = 0.0
 
     def describe(self) -> dict[str, object]:
-        return {"kind": "infer", **asdict(self.cfg), "params": self.cfg.params,
-                "prefill_precision": self.prefill, "decode_precision": self.decode, "devices": self.devices}  # fmt: skip
+        return {
+            "kind": "infer",
+            **asdict(self.cfg),
+            "params": self.cfg.params,
+            "prefill_precision": self.prefill,
+            "decode_precision": self.decode,
+            "devices": self.devices,
+        }
 
     def _arrivals_until(self, t: float) -> None:
         cfg, rng = self.cfg, self.ctx.table.rng
@@ -112,7 +146,9 @@ class Inference:
             tokens += req[1]
         return deadline, batch
 
-    def costs(self, device: str, batch: list[tuple[float, int, int]]) -> tuple[float, np.ndarray, dict]:
+    def costs(
+        self, device: str, batch: list[tuple[float, int, int]]
+    ) -> tuple[float, np.ndarray, dict]:
         """(prefill ns, decode chunk ns array, figures) of a batch on a device."""
         cfg, chip = self.cfg, self.ctx.topology.chips[device]
         slow = self.ctx.slow.get(device, 1.0)
@@ -128,7 +164,11 @@ class Inference:
         dec_f = 2 * cfg.params * len(batch) * k
         dec_b = k * (cfg.params * BYTES[dp] + context * kv_token)
         dec = roofline_ns(chip, dec_f, dec_b, dp, slow) + chip.launch_overhead_ns * (k - 1)
-        return pre, dec, {"pp": pp, "dp": dp, "pre_f": pre_f, "pre_b": pre_b, "dec_f": dec_f, "dec_b": dec_b}
+        return (
+            pre,
+            dec,
+            {"pp": pp, "dp": dp, "pre_f": pre_f, "pre_b": pre_b, "dec_f": dec_f, "dec_b": dec_b},
+        )
 
     def step(self, i: int) -> float:
         """Form, place and emit batch i; returns when it finishes (virtual ns)."""
@@ -138,8 +178,13 @@ class Inference:
     def place(self, i: int, close: float, batch: list[tuple[float, int, int]]) -> tuple[str, float]:
         """(device, start) of batch i, closed at `close`, under the run's schedule policy."""
         if self.ctx.schedule == "dynamic":  # earliest finish time, given each device's queue
-            est = {d: max(close, self.free[d]) - close + _total(self.costs(d, batch)) for d in self.devices}
-            device = assign([f"b{i}"], self.devices, est, dict.fromkeys(self.devices, 0.0), "dynamic")[f"b{i}"]
+            est = {
+                d: max(close, self.free[d]) - close + _total(self.costs(d, batch))
+                for d in self.devices
+            }
+            device = assign(
+                [f"b{i}"], self.devices, est, dict.fromkeys(self.devices, 0.0), "dynamic"
+            )[f"b{i}"]
         else:
             device = self.devices[i % len(self.devices)]
         return device, max(close, self.free[device]) + self.ctx.delay.get(device, 0.0)

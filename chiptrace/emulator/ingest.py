@@ -77,8 +77,16 @@ class Ingest:
             )
             self.free[nic] = ends[i]
         nics = [self.nic[g] for g in tr.gpus]
-        rx = tb.add(trace, tb.name("rx"), starts, ends, parent, chip=np.array([tr.ctx.chip(x) for x in nics]),
-                    op="io", nbytes=int(nbytes))  # fmt: skip
+        rx = tb.add(
+            trace,
+            tb.name("rx"),
+            starts,
+            ends,
+            parent,
+            chip=np.array([tr.ctx.chip(x) for x in nics]),
+            op="io",
+            nbytes=int(nbytes),
+        )
         wired = [i for i, x in enumerate(nics) if self.wire[x]]
         if wired:
             routes = [self.wire[nics[i]] for i in wired]
@@ -106,8 +114,18 @@ class Ingest:
             )
             self.free[c.id] = ends[i]
         tb = ctx.table
-        tb.add(trace, tb.name("load"), starts, ends, parent, chip=np.array([ctx.chip(c) for c in cpus]),
-               op="compute", nbytes=int(2 * nbytes), flops=int(nbytes * fpb), precision="fp32")  # fmt: skip
+        tb.add(
+            trace,
+            tb.name("load"),
+            starts,
+            ends,
+            parent,
+            chip=np.array([ctx.chip(c) for c in cpus]),
+            op="compute",
+            nbytes=int(2 * nbytes),
+            flops=int(nbytes * fpb),
+            precision="fp32",
+        )
         return ends
 
 

@@ -39,8 +39,11 @@ class MixedConfig(TrainConfig):
     def infer_config(self) -> InferConfig:
         """The InferConfig the `infer_*` knobs describe (the rest at InferConfig's defaults)."""
         known = {f.name for f in fields(InferConfig)}
-        kw = {f.name[len(_INFER_PREFIX):]: getattr(self, f.name) for f in fields(self)
-              if f.name.startswith(_INFER_PREFIX) and f.name[len(_INFER_PREFIX):] in known}  # fmt: skip
+        kw = {
+            f.name[len(_INFER_PREFIX) :]: getattr(self, f.name)
+            for f in fields(self)
+            if f.name.startswith(_INFER_PREFIX) and f.name[len(_INFER_PREFIX) :] in known
+        }
         return InferConfig(**kw)
 
     def check(self) -> None:
@@ -74,8 +77,12 @@ class Mixed:
     def describe(self) -> dict[str, object]:
         train = self.train.describe()
         infer = self.infer.describe() if self.infer else None
-        return {**train, "kind": "mixed", "infer": infer,
-                **{k: v for k, v in asdict(self.cfg).items() if k.startswith(_INFER_PREFIX)}}  # fmt: skip
+        return {
+            **train,
+            "kind": "mixed",
+            "infer": infer,
+            **{k: v for k, v in asdict(self.cfg).items() if k.startswith(_INFER_PREFIX)},
+        }
 
     def step(self, s: int) -> float:
         """Training step `s`, then every inference batch that finishes by its end (a batch

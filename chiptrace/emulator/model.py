@@ -19,7 +19,14 @@ FALLBACK = {
     "fp16": ("fp16", "bf16", "fp32"),
     "fp32": ("fp32",),
 }
-BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "nvfp4": 0.5625}  # nvfp4: 4 bits + an fp8 scale per 16
+BYTES = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "nvfp4": 0.5625,
+}  # nvfp4: 4 bits + an fp8 scale per 16
 
 
 def resolve_precision(chip: ChipSpec, precision: str) -> str:
@@ -31,12 +38,18 @@ def resolve_precision(chip: ChipSpec, precision: str) -> str:
     for p in FALLBACK[precision]:
         if p in chip.peak_flops:
             return p
-    raise WorkloadError(f"{chip.id} ({chip.model}) has no peak_tflops for {precision} or a wider precision")
+    raise WorkloadError(
+        f"{chip.id} ({chip.model}) has no peak_tflops for {precision} or a wider precision"
+    )
 
 
-def roofline_ns(chip: ChipSpec, flops: Any, nbytes: Any, precision: str, slow: float = 1.0) -> np.ndarray:
+def roofline_ns(
+    chip: ChipSpec, flops: Any, nbytes: Any, precision: str, slow: float = 1.0
+) -> np.ndarray:
     """Op time in ns: max(flops / peak, bytes / memory bandwidth) * slow + launch overhead."""
     peak = chip.peak_flops[precision]
     mem = chip.memory_bandwidth or np.inf
-    t = np.maximum(np.asarray(flops, dtype=np.float64) / peak, np.asarray(nbytes, dtype=np.float64) / mem)
+    t = np.maximum(
+        np.asarray(flops, dtype=np.float64) / peak, np.asarray(nbytes, dtype=np.float64) / mem
+    )
     return t * 1e9 * slow + chip.launch_overhead_ns

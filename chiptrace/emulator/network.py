@@ -47,13 +47,19 @@ class Network:
         down: ids of links taken down by faults (named when a route is missing).
     """
 
-    def __init__(self, topology: Topology, bandwidth: Sequence[float] | None = None,
-                 down: Sequence[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self, topology: Topology, bandwidth: Sequence[float] | None = None, down: Sequence[str] = ()
+    ) -> None:
         self.topology = topology
         self.down = list(down)
-        bw = np.array([lk.bandwidth for lk in topology.links] if bandwidth is None else bandwidth, dtype=np.float64)
+        bw = np.array(
+            [lk.bandwidth for lk in topology.links] if bandwidth is None else bandwidth,
+            dtype=np.float64,
+        )
         self.dir_bw = np.repeat(bw, 2)  # both directions of a link have the whole bandwidth
-        self.dir_latency = np.repeat(np.array([lk.latency_ns for lk in topology.links], dtype=np.float64), 2)
+        self.dir_latency = np.repeat(
+            np.array([lk.latency_ns for lk in topology.links], dtype=np.float64), 2
+        )
         self._routes: dict[tuple[str, str], Route] = {}
         self._planes: dict[tuple[str, str], list[Route]] = {}
 
@@ -76,7 +82,9 @@ class Network:
             self._routes[key] = route or self._dijkstra(src, dst, FORWARDERS)
             if self._routes[key] is None:
                 why = f" (links down: {', '.join(self.down)})" if self.down else ""
-                raise TopologyError(f"no route from {src} to {dst} in topology {self.topology.name}{why}")
+                raise TopologyError(
+                    f"no route from {src} to {dst} in topology {self.topology.name}{why}"
+                )
         return self._routes[key]
 
     def nearest(self, src: str, candidates: Sequence[str]) -> str | None:
@@ -114,7 +122,9 @@ class Network:
             cost, node = heapq.heappop(heap)
             if node == dst:
                 break
-            if cost > best.get(node, np.inf) or (node != src and topo.chips[node].type not in forwarders):
+            if cost > best.get(node, np.inf) or (
+                node != src and topo.chips[node].type not in forwarders
+            ):
                 continue
             for nxt, li in topo.adjacency[node]:
                 d = 2 * li + (0 if topo.links[li].a == node else 1)
@@ -152,7 +162,11 @@ class Network:
                         continue
                     d0 = 2 * ups[sw] + (0 if topo.links[ups[sw]].a == src else 1)
                     d1 = 2 * downs[sw] + (0 if topo.links[downs[sw]].a == sw else 1)
-                    out.append(Route(src, dst, (d0, d1), float(self.dir_latency[d0] + self.dir_latency[d1])))
+                    out.append(
+                        Route(
+                            src, dst, (d0, d1), float(self.dir_latency[d0] + self.dir_latency[d1])
+                        )
+                    )
         self._planes[key] = out
         return out
 
@@ -166,10 +180,16 @@ class Network:
         """
         valid = dirs >= 0
         counts = np.bincount(dirs[valid], minlength=len(self.dir_bw))
-        share = np.where(valid, self.dir_bw[np.where(valid, dirs, 0)] / np.maximum(counts[np.where(valid, dirs, 0)], 1), np.inf)
+        share = np.where(
+            valid,
+            self.dir_bw[np.where(valid, dirs, 0)] / np.maximum(counts[np.where(valid, dirs, 0)], 1),
+            np.inf,
+        )
         return latency + nbytes / share.min(axis=1) * 1e9
 
-    def fluid(self, starts: Sequence[float], routes: Sequence[Route], nbytes: Sequence[float]) -> np.ndarray:
+    def fluid(
+        self, starts: Sequence[float], routes: Sequence[Route], nbytes: Sequence[float]
+    ) -> np.ndarray:
         """End times (ns) of transfers under fair sharing of each link direction.
 
         A transfer waits its route latency, then moves its bytes at its current rate: the
@@ -177,7 +197,10 @@ class Network:
         """
         n = len(starts)
         end = np.zeros(n)
-        arrivals = sorted((float(s) + r.latency_ns, i) for i, (s, r) in enumerate(zip(starts, routes, strict=True)))
+        arrivals = sorted(
+            (float(s) + r.latency_ns, i)
+            for i, (s, r) in enumerate(zip(starts, routes, strict=True))
+        )
         remaining = np.array(nbytes, dtype=np.float64)
         active: list[int] = []
         t, k = 0.0, 0
@@ -191,8 +214,14 @@ class Network:
             for i in active:
                 for d in routes[i].dirs:
                     counts[d] = counts.get(d, 0) + 1
-            rates = [min((self.dir_bw[d] / counts[d] for d in routes[i].dirs), default=np.inf) for i in active]
-            finish = [remaining[i] / r * 1e9 if r != np.inf else 0.0 for i, r in zip(active, rates, strict=True)]
+            rates = [
+                min((self.dir_bw[d] / counts[d] for d in routes[i].dirs), default=np.inf)
+                for i in active
+            ]
+            finish = [
+                remaining[i] / r * 1e9 if r != np.inf else 0.0
+                for i, r in zip(active, rates, strict=True)
+            ]
             step = min(finish)
             if k < len(arrivals):
                 step = min(step, arrivals[k][0] - t)

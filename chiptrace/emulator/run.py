@@ -59,7 +59,11 @@ def _workloads() -> dict[str, tuple[type, type]]:
     from chiptrace.emulator.mixed import Mixed, MixedConfig
     from chiptrace.emulator.train import TrainConfig, Training
 
-    return {"train": (TrainConfig, Training), "infer": (InferConfig, Inference), "mixed": (MixedConfig, Mixed)}
+    return {
+        "train": (TrainConfig, Training),
+        "infer": (InferConfig, Inference),
+        "mixed": (MixedConfig, Mixed),
+    }
 
 
 def _coerce(name: str, raw: Any, default: Any) -> Any:
@@ -74,7 +78,9 @@ def _coerce(name: str, raw: Any, default: Any) -> Any:
             raise ValueError
         return type(default)(float(raw)) if isinstance(default, int) else type(default)(raw)
     except ValueError:
-        raise WorkloadError(f"workload {name} = {raw!r}: expected a {type(default).__name__}") from None
+        raise WorkloadError(
+            f"workload {name} = {raw!r}: expected a {type(default).__name__}"
+        ) from None
 
 
 def make_config(kind: str, options: Mapping[str, Any] | None = None) -> Any:
@@ -91,7 +97,9 @@ def make_config(kind: str, options: Mapping[str, Any] | None = None) -> Any:
     fields = {f.name for f in dataclasses.fields(cls)}
     for key, raw in (options or {}).items():
         if key not in fields:
-            raise WorkloadError(f"unknown {kind} workload knob {key!r}; expected one of {', '.join(sorted(fields))}")
+            raise WorkloadError(
+                f"unknown {kind} workload knob {key!r}; expected one of {', '.join(sorted(fields))}"
+            )
         setattr(cfg, key, _coerce(key, raw, getattr(cfg, key)))
     return cfg
 
@@ -161,28 +169,62 @@ def emulate(
     cfg = make_config(workload, options)
     out_dir = Path(out or f"chiptrace-traces/emulate-{time.strftime('%Y%m%d-%H%M%S')}")
     epoch = time.time_ns() if realtime else FIXED_EPOCH_NS
-    net = Network(effects.topology, effects.bandwidth, [f.target for f in parsed if f.kind == "down"])
+    net = Network(
+        effects.topology, effects.bandwidth, [f.target for f in parsed if f.kind == "down"]
+    )
     ctx = Context(effects.topology, net, None, precision, schedule, effects.slow, effects.delay_ns)  # type: ignore[arg-type]
     wl = _workloads()[workload][1](ctx, cfg)  # validates (fit in memory, routes) before any file
     manifest = {
-        "source": "emulator", "service": SERVICE, "run_id": out_dir.name,
-        "topology": topo.to_manifest(), "faults": [f.to_manifest() for f in parsed],
+        "source": "emulator",
+        "service": SERVICE,
+        "run_id": out_dir.name,
+        "topology": topo.to_manifest(),
+        "faults": [f.to_manifest() for f in parsed],
         "workload": wl.describe(),
-        "emulation": {"seed": seed, "steps": steps, "precision": precision, "schedule": schedule,
-                      "realtime": realtime, "speed": speed, "epoch_ns": epoch},
-    }  # fmt: skip
+        "emulation": {
+            "seed": seed,
+            "steps": steps,
+            "precision": precision,
+            "schedule": schedule,
+            "realtime": realtime,
+            "speed": speed,
+            "epoch_ns": epoch,
+        },
+    }
     writer = PartWriter(out_dir, manifest=manifest)
-    config = Config(dir=out_dir, service=SERVICE, flush_spans=chunk_spans, max_buffered=2 * chunk_spans,
-                    flush_interval_s=0.25 if realtime else 2.0, host=f"emulated-{topo.name}")  # fmt: skip
+    config = Config(
+        dir=out_dir,
+        service=SERVICE,
+        flush_spans=chunk_spans,
+        max_buffered=2 * chunk_spans,
+        flush_interval_s=0.25 if realtime else 2.0,
+        host=f"emulated-{topo.name}",
+    )
     # A live (realtime) run keeps its manifest's counts current at every flush; a batch run
     # writes it once at the end: nvl72's topology makes it ~300 KB, and rewriting that at
     # every flush cost about a tenth of the run.
     recorder = Recorder(config, [StoreSink(writer), *sinks], writer=writer if realtime else None)
-    constants = {"service": SERVICE, "host": config.host, "pid": 0, "scope": "chiptrace.emulator",
-                 "resource": dumps({"service.name": SERVICE, "chiptrace.topology": topo.name, "chiptrace.seed": seed})}  # fmt: skip
-    ctx.table = SpanTable(effects.topology, net, np.random.default_rng(seed), epoch,
-                          lambda b: recorder.write_batch(b, block=True), constants, chunk_spans)  # fmt: skip
-    bar = _Progress(steps, progress if progress is not None else (sys.stderr.isatty() and not realtime))
+    constants = {
+        "service": SERVICE,
+        "host": config.host,
+        "pid": 0,
+        "scope": "chiptrace.emulator",
+        "resource": dumps(
+            {"service.name": SERVICE, "chiptrace.topology": topo.name, "chiptrace.seed": seed}
+        ),
+    }
+    ctx.table = SpanTable(
+        effects.topology,
+        net,
+        np.random.default_rng(seed),
+        epoch,
+        lambda b: recorder.write_batch(b, block=True),
+        constants,
+        chunk_spans,
+    )
+    bar = _Progress(
+        steps, progress if progress is not None else (sys.stderr.isatty() and not realtime)
+    )
     wall0 = time.monotonic()
     try:
         done, virtual = _drive(wl, ctx.table, steps, duration_s, speed if realtime else None, bar)
@@ -190,16 +232,29 @@ def emulate(
         recorder.shutdown()
     bar.update(done, ctx.table.total, final=True)
     wall = time.monotonic() - wall0
-    emulation = {**manifest["emulation"], "steps": done, "virtual_ns": virtual, "spans": ctx.table.total}
+    emulation = {
+        **manifest["emulation"],
+        "steps": done,
+        "virtual_ns": virtual,
+        "spans": ctx.table.total,
+    }
     writer.write_manifest(emulation=emulation, spans_dropped=recorder.dropped)
-    return EmulationResult(out_dir, ctx.table.total, done, virtual, wall, manifest["workload"], manifest["faults"])
+    return EmulationResult(
+        out_dir, ctx.table.total, done, virtual, wall, manifest["workload"], manifest["faults"]
+    )
 
 
-def _check_args(precision: str, schedule: str, steps: int | None, duration_s: float | None, speed: float) -> None:
+def _check_args(
+    precision: str, schedule: str, steps: int | None, duration_s: float | None, speed: float
+) -> None:
     if precision not in PRECISIONS:
-        raise WorkloadError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+        raise WorkloadError(
+            f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}"
+        )
     if schedule not in SCHEDULES:
-        raise WorkloadError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+        raise WorkloadError(
+            f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}"
+        )
     if steps is None and duration_s is None:
         raise WorkloadError("give steps or duration_s")
     if steps is not None and steps < 1:
@@ -208,8 +263,14 @@ def _check_args(precision: str, schedule: str, steps: int | None, duration_s: fl
         raise WorkloadError(f"speed = {speed!r}: expected a number > 0")
 
 
-def _drive(wl: Any, table: SpanTable, steps: int | None, duration_s: float | None,
-           speed: float | None, bar: _Progress) -> tuple[int, float]:  # fmt: skip
+def _drive(
+    wl: Any,
+    table: SpanTable,
+    steps: int | None,
+    duration_s: float | None,
+    speed: float | None,
+    bar: _Progress,
+) -> tuple[int, float]:
     """Run steps until `steps` or `duration_s`; with a `speed`, pace them to wall time:
     a step's spans are handed over once the wall clock reaches the step's end, so a live
     view never shows work from its future. Returns (steps done, virtual end)."""

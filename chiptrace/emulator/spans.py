@@ -30,16 +30,42 @@ from chiptrace.schema import (
 _STR = pa.string()
 OP = {k: i for i, k in enumerate(OP_KINDS)}
 PREC = {p: i for i, p in enumerate(PRECISIONS)}
-_FIELDS = ("trace", "span", "parent", "name", "start", "end", "chip", "dir",
-           "op", "bytes", "flops", "prec")  # fmt: skip
-_DTYPES = (np.int32, np.uint64, np.uint64, np.int32, np.int64, np.int64, np.int32, np.int32,
-           np.int8, np.int64, np.int64, np.int8)  # fmt: skip
+_FIELDS = (
+    "trace",
+    "span",
+    "parent",
+    "name",
+    "start",
+    "end",
+    "chip",
+    "dir",
+    "op",
+    "bytes",
+    "flops",
+    "prec",
+)
+_DTYPES = (
+    np.int32,
+    np.uint64,
+    np.uint64,
+    np.int32,
+    np.int64,
+    np.int64,
+    np.int32,
+    np.int32,
+    np.int8,
+    np.int64,
+    np.int64,
+    np.int8,
+)
 
 
 def _dict_array(idx: np.ndarray, dictionary: pa.Array) -> pa.Array:
     mask = idx < 0
     if not mask.any():
-        return pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32, copy=False)), dictionary)
+        return pa.DictionaryArray.from_arrays(
+            pa.array(idx.astype(np.int32, copy=False)), dictionary
+        )
     if mask.all():  # a chip column on transfer spans, a link column on chip ops
         return pa.nulls(len(idx), pa.dictionary(pa.int32(), pa.string()))
     indices = pa.array(np.where(mask, 0, idx).astype(np.int32), mask=mask)
@@ -86,13 +112,17 @@ class SpanTable:
         self.chunk_spans = chunk_spans
         self.chip_ids = list(topology.chips)
         self.chip_index = {c: i for i, c in enumerate(self.chip_ids)}
-        chip_type = np.array([CHIP_TYPES.index(topology.chips[c].type) for c in self.chip_ids], dtype=np.int32)
+        chip_type = np.array(
+            [CHIP_TYPES.index(topology.chips[c].type) for c in self.chip_ids], dtype=np.int32
+        )
         self._chip_type = chip_type
         ndir = 2 * len(topology.links)
         ends = [network.dir_endpoints(d) for d in range(ndir)]
         self._dir_src = np.array([self.chip_index[s] for s, _ in ends], dtype=np.int32)
         self._dir_dst = np.array([self.chip_index[t] for _, t in ends], dtype=np.int32)
-        self._dir_type = np.repeat(np.array([LINK_TYPES.index(lk.type) for lk in topology.links], dtype=np.int32), 2)
+        self._dir_type = np.repeat(
+            np.array([LINK_TYPES.index(lk.type) for lk in topology.links], dtype=np.int32), 2
+        )
         self._chip_dict = pa.array(self.chip_ids, _STR)
         self._link_dict = pa.array([lk.id for lk in topology.links], _STR)
         self.names: dict[str, int] = {}
@@ -100,8 +130,12 @@ class SpanTable:
         self._trace_base = 0
         self._keep_from = 0
         self._segments: list[tuple[np.ndarray, ...]] = []
-        self._links: list[tuple[int, str]] = []  # (row offset in pending, JSON) for the few spans with links
-        self._attrs: list[tuple[int, str]] = []  # the same for the few spans with generic attributes
+        self._links: list[
+            tuple[int, str]
+        ] = []  # (row offset in pending, JSON) for the few spans with links
+        self._attrs: list[
+            tuple[int, str]
+        ] = []  # the same for the few spans with generic attributes
         self.pending = 0
         self.total = 0
 
@@ -153,15 +187,31 @@ class SpanTable:
         `links` gives per span the (trace handle, span id) pairs it waited on (OTel links);
         `attrs` per span the attributes outside the schema's columns (step, batch size).
         """
-        shape = np.broadcast_shapes(*(np.shape(x) for x in (trace, name, start, end, parent, chip, dir, nbytes, flops)))
+        shape = np.broadcast_shapes(
+            *(np.shape(x) for x in (trace, name, start, end, parent, chip, dir, nbytes, flops))
+        )
         n = int(shape[0]) if shape else 1
         sid = self.ids(n) if span_ids is None else span_ids
-        values = (trace, sid, parent, name, np.rint(start), np.rint(end), chip, dir,
-                  OP[op] if op else -1, nbytes, flops, PREC[precision] if precision else -1)  # fmt: skip
-        self._segments.append(tuple(
-            np.broadcast_to(np.asarray(v).astype(t, copy=False), (n,))
-            for v, t in zip(values, _DTYPES, strict=True)
-        ))  # fmt: skip
+        values = (
+            trace,
+            sid,
+            parent,
+            name,
+            np.rint(start),
+            np.rint(end),
+            chip,
+            dir,
+            OP[op] if op else -1,
+            nbytes,
+            flops,
+            PREC[precision] if precision else -1,
+        )
+        self._segments.append(
+            tuple(
+                np.broadcast_to(np.asarray(v).astype(t, copy=False), (n,))
+                for v, t in zip(values, _DTYPES, strict=True)
+            )
+        )
         if links is not None:
             for i, targets in enumerate(links):
                 if targets:
@@ -175,11 +225,16 @@ class SpanTable:
         return sid
 
     def _links_json(self, targets: Sequence[tuple[int, int]], relation: str = "input") -> str:
-        return dumps([
-            {"trace_id": self.traces[t - self._trace_base].hex(), "span_id": f"{int(s):016x}",
-             "attributes": {"chiptrace.relation": relation}}
-            for t, s in targets
-        ])  # fmt: skip
+        return dumps(
+            [
+                {
+                    "trace_id": self.traces[t - self._trace_base].hex(),
+                    "span_id": f"{int(s):016x}",
+                    "attributes": {"chiptrace.relation": relation},
+                }
+                for t, s in targets
+            ]
+        )
 
     def maybe_flush(self) -> None:
         if self.pending >= self.chunk_spans:
@@ -205,7 +260,9 @@ class SpanTable:
         n = len(c["span"])
         traces = np.frombuffer(b"".join(self.traces), dtype=np.uint8).reshape(-1, 16)
         rows = traces[c["trace"] - self._trace_base]
-        tid = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), n, [None, pa.py_buffer(rows.tobytes())])
+        tid = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(16), n, [None, pa.py_buffer(rows.tobytes())]
+        )
         chip, d = c["chip"], c["dir"]
         has_dir = d >= 0
         safe = np.where(has_dir, d, 0)
@@ -219,9 +276,14 @@ class SpanTable:
             "start_ns": c["start"] + self.epoch_ns,
             "end_ns": c["end"] + self.epoch_ns,
             "chip_id": _dict_array(chip, self._chip_dict),
-            "chip_type": _dict_array(np.where(chip >= 0, self._chip_type[np.maximum(chip, 0)], -1), pa.array(CHIP_TYPES, _STR)),
+            "chip_type": _dict_array(
+                np.where(chip >= 0, self._chip_type[np.maximum(chip, 0)], -1),
+                pa.array(CHIP_TYPES, _STR),
+            ),
             "link_id": _dict_array(np.where(has_dir, safe // 2, -1), self._link_dict),
-            "link_type": _dict_array(np.where(has_dir, self._dir_type[safe], -1), pa.array(LINK_TYPES, _STR)),
+            "link_type": _dict_array(
+                np.where(has_dir, self._dir_type[safe], -1), pa.array(LINK_TYPES, _STR)
+            ),
             "link_src": _dict_array(np.where(has_dir, self._dir_src[safe], -1), self._chip_dict),
             "link_dst": _dict_array(np.where(has_dir, self._dir_dst[safe], -1), self._chip_dict),
             "op_kind": _dict_array(c["op"].astype(np.int32), pa.array(OP_KINDS, _STR)),

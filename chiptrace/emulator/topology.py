@@ -26,9 +26,14 @@ from chiptrace.schema import CHIP_TYPES, LINK_TYPES, PRECISIONS
 # NVLink-C2C 900 GB/s both ways (Grace Hopper / Grace Blackwell), 400 Gb/s Ethernet and
 # InfiniBand NDR ports (50 GB/s).
 DEFAULT_BANDWIDTH = {
-    "pcie4": 32e9, "pcie5": 64e9, "nvlink5": 900e9, "nvlink6": 1.8e12,
-    "c2c": 450e9, "ethernet": 50e9, "infiniband": 50e9,
-}  # fmt: skip
+    "pcie4": 32e9,
+    "pcie5": 64e9,
+    "nvlink5": 900e9,
+    "nvlink6": 1.8e12,
+    "c2c": 450e9,
+    "ethernet": 50e9,
+    "infiniband": 50e9,
+}
 DEFAULT_LATENCY_NS = 2_500.0  # base per-hop latency of the design (DESIGN.md)
 # Chips that forward traffic between their links (root complexes, switches, NICs); GPUs
 # and NPUs are endpoints only.
@@ -98,16 +103,29 @@ class Topology:
             "name": self.name,
             "source": self.source,
             "chips": [
-                {"id": c.id, "type": c.type, "model": c.model, "peak_flops": dict(c.peak_flops),
-                 "memory_bytes": c.memory_bytes, "memory_bandwidth_Bps": c.memory_bandwidth,
-                 "launch_overhead_ns": c.launch_overhead_ns}
+                {
+                    "id": c.id,
+                    "type": c.type,
+                    "model": c.model,
+                    "peak_flops": dict(c.peak_flops),
+                    "memory_bytes": c.memory_bytes,
+                    "memory_bandwidth_Bps": c.memory_bandwidth,
+                    "launch_overhead_ns": c.launch_overhead_ns,
+                }
                 for c in self.chips.values()
-            ],  # fmt: skip
+            ],
             "links": [
-                {"id": lk.id, "type": lk.type, "src": lk.a, "dst": lk.b,
-                 "bandwidth_Bps": lk.bandwidth, "latency_ns": lk.latency_ns, "full_duplex": True}
+                {
+                    "id": lk.id,
+                    "type": lk.type,
+                    "src": lk.a,
+                    "dst": lk.b,
+                    "bandwidth_Bps": lk.bandwidth,
+                    "latency_ns": lk.latency_ns,
+                    "full_duplex": True,
+                }
                 for lk in self.links
-            ],  # fmt: skip
+            ],
         }
 
 
@@ -231,9 +249,11 @@ def _model_figures(m: Mapping[str, Any], source: str, where: str) -> dict[str, A
         "peak_flops": flops,
         "memory_bytes": _num(source, where, "memory_GB", mem, positive=False) * 1e9,
         "memory_bandwidth": _num(source, where, "memory_bandwidth_GBps", bw, positive=False) * 1e9,
-        "launch_overhead_ns": _num(source, where, "launch_overhead_us",
-                                   m.get("launch_overhead_us", 0), positive=False) * 1e3,
-    }  # fmt: skip
+        "launch_overhead_ns": _num(
+            source, where, "launch_overhead_us", m.get("launch_overhead_us", 0), positive=False
+        )
+        * 1e3,
+    }
 
 
 def _chips(raw: Any, models: Mapping[str, dict[str, Any]], source: str) -> dict[str, ChipSpec]:
@@ -260,7 +280,9 @@ def _chips(raw: Any, models: Mapping[str, dict[str, Any]], source: str) -> dict[
         for _ in range(count):
             cid = f"{ctype}:{next_index[ctype]}"
             next_index[ctype] += 1
-            chips[cid] = ChipSpec(cid, ctype, model, **{k: v for k, v in figures.items() if k != "type"})
+            chips[cid] = ChipSpec(
+                cid, ctype, model, **{k: v for k, v in figures.items() if k != "type"}
+            )
     return chips
 
 
@@ -287,11 +309,15 @@ def expand(pattern: Any, chips: Mapping[str, ChipSpec], source: str, where: str)
         ids = [pattern]
     missing = [c for c in ids if c not in chips]
     if missing or not ids:
-        raise TopologyError(f"{source}: {where} = {pattern!r}: no chip {missing[0] if missing else pattern} in this topology")
+        raise TopologyError(
+            f"{source}: {where} = {pattern!r}: no chip {missing[0] if missing else pattern} in this topology"
+        )
     return ids
 
 
-def _links(raw: Any, chips: Mapping[str, ChipSpec], source: str, default_lat: float) -> list[LinkSpec]:
+def _links(
+    raw: Any, chips: Mapping[str, ChipSpec], source: str, default_lat: float
+) -> list[LinkSpec]:
     if not isinstance(raw, list):
         raise TopologyError(f"{source}: links: expected a list of [[links]] tables")
     links: list[LinkSpec] = []
@@ -304,8 +330,16 @@ def _links(raw: Any, chips: Mapping[str, ChipSpec], source: str, default_lat: fl
                 f"{source}: {where}.type = {ltype!r}: unknown link type; expected one of "
                 f"{', '.join(LINK_TYPES)}"
             )
-        bw = _num(source, where, "bandwidth_GBps", lk["bandwidth_GBps"]) * 1e9 if "bandwidth_GBps" in lk else DEFAULT_BANDWIDTH[ltype]
-        lat = _num(source, where, "latency_us", lk["latency_us"], positive=False) * 1e3 if "latency_us" in lk else default_lat
+        bw = (
+            _num(source, where, "bandwidth_GBps", lk["bandwidth_GBps"]) * 1e9
+            if "bandwidth_GBps" in lk
+            else DEFAULT_BANDWIDTH[ltype]
+        )
+        lat = (
+            _num(source, where, "latency_us", lk["latency_us"], positive=False) * 1e3
+            if "latency_us" in lk
+            else default_lat
+        )
         for a, b in _pairs(lk, chips, source, where):
             if a == b:
                 raise TopologyError(f"{source}: {where}: a link from {a} to itself")
@@ -317,10 +351,14 @@ def _links(raw: Any, chips: Mapping[str, ChipSpec], source: str, default_lat: fl
     return links
 
 
-def _pairs(lk: Mapping[str, Any], chips: Mapping[str, ChipSpec], source: str, where: str) -> list[tuple[str, str]]:
+def _pairs(
+    lk: Mapping[str, Any], chips: Mapping[str, ChipSpec], source: str, where: str
+) -> list[tuple[str, str]]:
     for key in ("a", "b"):
         if key not in lk:
-            raise TopologyError(f"{source}: {where}.{key} is missing: expected a chip id like 'gpu:0'")
+            raise TopologyError(
+                f"{source}: {where}.{key} is missing: expected a chip id like 'gpu:0'"
+            )
     a = expand(lk["a"], chips, source, f"{where}.a")
     b = expand(lk["b"], chips, source, f"{where}.b")
     connect = lk.get("connect", "all")

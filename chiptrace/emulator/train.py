@@ -30,7 +30,9 @@ class TrainConfig:
     hidden: int = 4096
     batch: int = 4  # sequences per GPU per step
     seq: int = 2048
-    bucket_mb: float = 1600.0  # gradient bucket size; small buckets make the all-reduce latency-bound
+    bucket_mb: float = (
+        1600.0  # gradient bucket size; small buckets make the all-reduce latency-bound
+    )
     overlap: bool = True  # all-reduce buckets while backward still runs
     allreduce: str = "ring"  # ring | tree
     channels: int = 0  # collective channels; 0 = one per parallel switch plane
@@ -38,8 +40,12 @@ class TrainConfig:
     input_mb: float = 64.0  # raw input per GPU per step, preprocessed on a DPU
     preprocess_flops_per_byte: float = 50.0  # DPU work per input byte (decode, augment, tokenize)
     prefetch: bool = True  # preprocess step s+1 while step s computes
-    host_load_flops_per_byte: float = 0.0  # > 0: input comes in via NIC and a CPU load stage (ingest.py)
-    switch_ops: bool = False  # `forward` op spans on the switches the all-reduce crosses (fabric.py)
+    host_load_flops_per_byte: float = (
+        0.0  # > 0: input comes in via NIC and a CPU load stage (ingest.py)
+    )
+    switch_ops: bool = (
+        False  # `forward` op spans on the switches the all-reduce crosses (fabric.py)
+    )
 
     @property
     def params_per_layer(self) -> float:
@@ -53,12 +59,16 @@ class TrainConfig:
         """Raises WorkloadError for out-of-range knobs."""
         for k in ("layers", "hidden", "batch", "seq"):
             if getattr(self, k) < 1:
-                raise WorkloadError(f"workload {k} = {getattr(self, k)!r}: expected an integer >= 1")
+                raise WorkloadError(
+                    f"workload {k} = {getattr(self, k)!r}: expected an integer >= 1"
+                )
         for k in ("bucket_mb", "input_mb", "preprocess_flops_per_byte"):
             if not getattr(self, k) > 0:
                 raise WorkloadError(f"workload {k} = {getattr(self, k)!r}: expected a number > 0")
         if not self.host_load_flops_per_byte >= 0:
-            raise WorkloadError(f"workload host_load_flops_per_byte = {self.host_load_flops_per_byte!r}: expected a number >= 0")
+            raise WorkloadError(
+                f"workload host_load_flops_per_byte = {self.host_load_flops_per_byte!r}: expected a number >= 0"
+            )
         if self.allreduce not in collectives.ALGORITHMS:
             raise WorkloadError(f"workload allreduce = {self.allreduce!r}: expected ring or tree")
         if self.optimizer not in ("gpu", "cpu"):
@@ -141,8 +151,14 @@ class Training:
         return out
 
     def describe(self) -> dict[str, object]:
-        return {"kind": "train", **asdict(self.cfg), "params": self.cfg.params, "precision": self.precision,
-                "memory_bytes_per_gpu": self.memory_per_gpu, "buckets": len(self.buckets)}  # fmt: skip
+        return {
+            "kind": "train",
+            **asdict(self.cfg),
+            "params": self.cfg.params,
+            "precision": self.precision,
+            "memory_bytes_per_gpu": self.memory_per_gpu,
+            "buckets": len(self.buckets),
+        }
 
     def step(self, s: int) -> float:
         """Emit step `s`; returns its end (virtual ns)."""

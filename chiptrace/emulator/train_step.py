@@ -19,13 +19,22 @@ PHASES = ("input", "forward", "backward", "allreduce", "optimizer")
 
 
 def transfers(
-    tb: SpanTable, routes: list[Route], starts: np.ndarray, ends: np.ndarray,
-    trace: int, parent: int, name: str, nbytes: float, op: str = "memcpy",
-) -> np.ndarray:  # fmt: skip
+    tb: SpanTable,
+    routes: list[Route],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    trace: int,
+    parent: int,
+    name: str,
+    nbytes: float,
+    op: str = "memcpy",
+) -> np.ndarray:
     """One span per hop of each transfer; returns the span id of each transfer's last hop."""
     dirs = np.concatenate([r.dirs for r in routes])
     row = np.repeat(np.arange(len(routes)), [len(r.dirs) for r in routes])
-    ids = tb.add(trace, tb.name(name), starts[row], ends[row], parent, dir=dirs, op=op, nbytes=int(nbytes))
+    ids = tb.add(
+        trace, tb.name(name), starts[row], ends[row], parent, dir=dirs, op=op, nbytes=int(nbytes)
+    )
     last = np.cumsum([len(r.dirs) for r in routes]) - 1
     return ids[last]
 
@@ -46,17 +55,28 @@ def run_step(tr: Training, s: int, t0: float) -> float:
         tb.add(trace, tb.name(name), a, b, root, span_ids=np.array([ph[name]], np.uint64))
     # The root spans [previous step's end, this end]: step times tile the run. Prefetched
     # input work started earlier and shows as a child that begins before its parent.
-    tb.add(trace, tb.name("train_step"), t0, end, 0, span_ids=np.array([root], np.uint64),
-           attrs=[{"train.step": s, "train.ranks": len(tr.gpus), "train.buckets": len(tr.buckets)}])  # fmt: skip
+    tb.add(
+        trace,
+        tb.name("train_step"),
+        t0,
+        end,
+        0,
+        span_ids=np.array([root], np.uint64),
+        attrs=[{"train.step": s, "train.ranks": len(tr.gpus), "train.buckets": len(tr.buckets)}],
+    )
     return end
 
 
-def _input(tr: Training, s: int, t0: float, trace: int, parent: int, bounds: dict) -> tuple[np.ndarray, np.ndarray]:
+def _input(
+    tr: Training, s: int, t0: float, trace: int, parent: int, bounds: dict
+) -> tuple[np.ndarray, np.ndarray]:
     ctx, cfg, tb = tr.ctx, tr.cfg, tr.ctx.table
     release = tr.prev_start if cfg.prefetch and s > 0 else t0
     placement, dur = input_plan(tr, release)
     dpu = [placement[g] for g in tr.gpus]
-    on_dpu = tr.ingest.run(dpu, release, trace, parent) if tr.ingest else np.full(len(tr.gpus), release)
+    on_dpu = (
+        tr.ingest.run(dpu, release, trace, parent) if tr.ingest else np.full(len(tr.gpus), release)
+    )
     starts = np.zeros(len(tr.gpus))
     for i, g in enumerate(tr.gpus):
         d = placement[g]
@@ -64,9 +84,18 @@ def _input(tr: Training, s: int, t0: float, trace: int, parent: int, bounds: dic
         tr.dpu_free[d] = starts[i] + dur[d]
     ends = starts + np.array([dur[d] for d in dpu])
     nbytes = cfg.input_mb * 1e6
-    tb.add(trace, tb.name("preprocess"), starts, ends, parent, chip=np.array([ctx.chip(d) for d in dpu]),
-           op="compute", nbytes=int(2 * nbytes), flops=int(nbytes * cfg.preprocess_flops_per_byte),
-           precision="fp32")  # fmt: skip
+    tb.add(
+        trace,
+        tb.name("preprocess"),
+        starts,
+        ends,
+        parent,
+        chip=np.array([ctx.chip(d) for d in dpu]),
+        op="compute",
+        nbytes=int(2 * nbytes),
+        flops=int(nbytes * cfg.preprocess_flops_per_byte),
+        precision="fp32",
+    )
     routes = [ctx.network.route(d, g) for d, g in zip(dpu, tr.gpus, strict=True)]
     arrive = ctx.network.fluid(ends, routes, [nbytes] * len(routes))
     ids = transfers(tb, routes, ends, arrive, trace, parent, "h2d", nbytes)
@@ -75,15 +104,27 @@ def _input(tr: Training, s: int, t0: float, trace: int, parent: int, bounds: dic
     return arrive, ids
 
 
-def _compute(tr: Training, t0: float, ready: np.ndarray, h2d_ids: np.ndarray, trace: int, ph: dict, bounds: dict) -> tuple[np.ndarray, np.ndarray]:
+def _compute(
+    tr: Training,
+    t0: float,
+    ready: np.ndarray,
+    h2d_ids: np.ndarray,
+    trace: int,
+    ph: dict,
+    bounds: dict,
+) -> tuple[np.ndarray, np.ndarray]:
     ctx, cfg, tb = tr.ctx, tr.cfg, tr.ctx.table
     L, n, prec = cfg.layers, len(tr.gpus), tr.precision
     tokens = cfg.batch * cfg.seq
     p = cfg.params_per_layer
     f_flops, f_bytes = 2 * p * tokens, p * BYTES[prec] + 4 * tokens * cfg.hidden * BYTES[prec]
     chips = [ctx.topology.chips[g] for g in tr.gpus]
-    fdur = np.array([roofline_ns(c, f_flops, f_bytes, prec, ctx.slow.get(c.id, 1.0)) for c in chips])
-    bdur = np.array([roofline_ns(c, 2 * f_flops, 2 * f_bytes, prec, ctx.slow.get(c.id, 1.0)) for c in chips])
+    fdur = np.array(
+        [roofline_ns(c, f_flops, f_bytes, prec, ctx.slow.get(c.id, 1.0)) for c in chips]
+    )
+    bdur = np.array(
+        [roofline_ns(c, 2 * f_flops, 2 * f_bytes, prec, ctx.slow.get(c.id, 1.0)) for c in chips]
+    )
     start = np.maximum(t0 + np.array([ctx.delay.get(g, 0.0) for g in tr.gpus]), ready)
     fs, fe = cumulative(start, np.repeat(fdur[:, None], L, axis=1))
     bs, be = cumulative(fe[:, -1], np.repeat(bdur[:, None], L, axis=1))
@@ -93,16 +134,39 @@ def _compute(tr: Training, t0: float, ready: np.ndarray, h2d_ids: np.ndarray, tr
     links: list = [None] * (n * L)
     for r in range(n):
         links[r * L] = [(trace, int(h2d_ids[r]))]
-    tb.add(trace, fnames, fs.ravel(), fe.ravel(), ph["forward"], chip=chip_idx, op="compute",
-           nbytes=int(f_bytes), flops=int(f_flops), precision=prec, links=links)  # fmt: skip
-    tb.add(trace, bnames, bs.ravel(), be.ravel(), ph["backward"], chip=chip_idx, op="compute",
-           nbytes=int(2 * f_bytes), flops=int(2 * f_flops), precision=prec)  # fmt: skip
+    tb.add(
+        trace,
+        fnames,
+        fs.ravel(),
+        fe.ravel(),
+        ph["forward"],
+        chip=chip_idx,
+        op="compute",
+        nbytes=int(f_bytes),
+        flops=int(f_flops),
+        precision=prec,
+        links=links,
+    )
+    tb.add(
+        trace,
+        bnames,
+        bs.ravel(),
+        be.ravel(),
+        ph["backward"],
+        chip=chip_idx,
+        op="compute",
+        nbytes=int(2 * f_bytes),
+        flops=int(2 * f_flops),
+        precision=prec,
+    )
     bounds["forward"] = (float(fs.min()), float(fe.max()))
     bounds["backward"] = (float(bs.min()), float(be.max()))
     return fe, be  # be[:, j] is layer L-1-j
 
 
-def _allreduce(tr: Training, bwd_end: np.ndarray, trace: int, parent: int, bounds: dict) -> tuple[float, int]:
+def _allreduce(
+    tr: Training, bwd_end: np.ndarray, trace: int, parent: int, bounds: dict
+) -> tuple[float, int]:
     cfg, tb, net = tr.cfg, tr.ctx.table, tr.ctx.network
     L = cfg.layers
     prev, first, bid = 0.0, None, np.zeros(1, np.uint64)
@@ -132,10 +196,31 @@ def _optimizer(tr: Training, t: float, trace: int, parent: int, bounds: dict, af
     if cfg.optimizer == "gpu":
         chips = [ctx.topology.chips[g] for g in tr.gpus]
         st = t + np.array([0.0 for _ in chips])
-        dur = np.array([roofline_ns(c, 12 * P, 16 * P, "fp32" if "fp32" in c.peak_flops else tr.precision, ctx.slow.get(c.id, 1.0)) for c in chips])
-        tb.add(trace, tb.name("adam"), st, st + dur, parent, chip=np.array([ctx.chip(g) for g in tr.gpus]),
-               op="compute", nbytes=int(16 * P), flops=int(12 * P), precision="fp32",
-               links=[[(trace, after)] if after else None] * len(chips))  # fmt: skip
+        dur = np.array(
+            [
+                roofline_ns(
+                    c,
+                    12 * P,
+                    16 * P,
+                    "fp32" if "fp32" in c.peak_flops else tr.precision,
+                    ctx.slow.get(c.id, 1.0),
+                )
+                for c in chips
+            ]
+        )
+        tb.add(
+            trace,
+            tb.name("adam"),
+            st,
+            st + dur,
+            parent,
+            chip=np.array([ctx.chip(g) for g in tr.gpus]),
+            op="compute",
+            nbytes=int(16 * P),
+            flops=int(12 * P),
+            precision="fp32",
+            links=[[(trace, after)] if after else None] * len(chips),
+        )
         bounds["optimizer"] = (t, float((st + dur).max()))
         return float((st + dur).max())
     return _cpu_optimizer(tr, t, trace, parent, bounds)
@@ -148,17 +233,31 @@ def _cpu_optimizer(tr: Training, t: float, trace: int, parent: int, bounds: dict
     hosts = [tr.host[g] for g in tr.gpus]
     down = [net.route(g, h) for g, h in zip(tr.gpus, hosts, strict=True)]
     d_end = net.fluid([t] * n, down, [shard * tr.grad_bytes] * n)
-    d_ids = transfers(tb, down, np.full(n, t), d_end, trace, parent, "d2h.grads", shard * tr.grad_bytes)
+    d_ids = transfers(
+        tb, down, np.full(n, t), d_end, trace, parent, "d2h.grads", shard * tr.grad_bytes
+    )
     free: dict[str, float] = {}
     starts, ends = np.zeros(n), np.zeros(n)
     for i, h in enumerate(hosts):  # a CPU updates the shards of its GPUs one after another
         c = ctx.topology.chips[h]
         starts[i] = max(d_end[i], free.get(h, 0.0)) + ctx.delay.get(h, 0.0)
-        ends[i] = starts[i] + float(roofline_ns(c, 12 * shard, 16 * shard, "fp32", ctx.slow.get(h, 1.0)))
+        ends[i] = starts[i] + float(
+            roofline_ns(c, 12 * shard, 16 * shard, "fp32", ctx.slow.get(h, 1.0))
+        )
         free[h] = ends[i]
-    tb.add(trace, tb.name("adam"), starts, ends, parent, chip=np.array([ctx.chip(h) for h in hosts]),
-           op="compute", nbytes=int(16 * shard), flops=int(12 * shard), precision="fp32",
-           links=[[(trace, int(x))] for x in d_ids])  # fmt: skip
+    tb.add(
+        trace,
+        tb.name("adam"),
+        starts,
+        ends,
+        parent,
+        chip=np.array([ctx.chip(h) for h in hosts]),
+        op="compute",
+        nbytes=int(16 * shard),
+        flops=int(12 * shard),
+        precision="fp32",
+        links=[[(trace, int(x))] for x in d_ids],
+    )
     up = [net.route(h, g) for g, h in zip(tr.gpus, hosts, strict=True)]
     pbytes = P * BYTES[tr.precision]
     u_end = net.fluid(ends, up, [pbytes] * n)
@@ -173,10 +272,17 @@ def input_plan(tr: Training, release: float) -> tuple[dict[str, str], dict[str, 
     ctx, cfg = tr.ctx, tr.cfg
     nbytes = cfg.input_mb * 1e6
     durations = {
-        d: float(roofline_ns(ctx.topology.chips[d], nbytes * cfg.preprocess_flops_per_byte, 2 * nbytes,
-                             resolve_precision(ctx.topology.chips[d], "fp32"), ctx.slow.get(d, 1.0)))
+        d: float(
+            roofline_ns(
+                ctx.topology.chips[d],
+                nbytes * cfg.preprocess_flops_per_byte,
+                2 * nbytes,
+                resolve_precision(ctx.topology.chips[d], "fp32"),
+                ctx.slow.get(d, 1.0),
+            )
+        )
         for d in tr.dpus
-    }  # fmt: skip
+    }
     free = {d: max(tr.dpu_free[d], release) + ctx.delay.get(d, 0.0) for d in tr.dpus}
     if ctx.schedule == "static":
         return dict(tr.home_dpu), durations

@@ -49,16 +49,34 @@ class TraceBuilder:
         link_type = link.split(":")[0] if link else None
         if op is None:
             op = "comm" if link else ("compute" if chip else None)
-        self.rows.append({
-            "trace_id": trace, "span_id": sid, "parent_span_id": parent or 0, "name": name,
-            "start_ns": T0 + int(start_us * US), "end_ns": T0 + int(end_us * US),
-            "chip_id": chip, "chip_type": chip_type, "link_id": link, "link_type": link_type,
-            "link_src": src, "link_dst": dst, "op_kind": op, "op_bytes": nbytes,
-            "op_flops": flops, "op_precision": precision,
-            "links": None if not links else "[" + ",".join(
-                f'{{"trace_id":"{trace.hex()}","span_id":"{i:016x}","attributes":{{}}}}'
-                for i in links) + "]",
-        })  # fmt: skip
+        self.rows.append(
+            {
+                "trace_id": trace,
+                "span_id": sid,
+                "parent_span_id": parent or 0,
+                "name": name,
+                "start_ns": T0 + int(start_us * US),
+                "end_ns": T0 + int(end_us * US),
+                "chip_id": chip,
+                "chip_type": chip_type,
+                "link_id": link,
+                "link_type": link_type,
+                "link_src": src,
+                "link_dst": dst,
+                "op_kind": op,
+                "op_bytes": nbytes,
+                "op_flops": flops,
+                "op_precision": precision,
+                "links": None
+                if not links
+                else "["
+                + ",".join(
+                    f'{{"trace_id":"{trace.hex()}","span_id":"{i:016x}","attributes":{{}}}}'
+                    for i in links
+                )
+                + "]",
+            }
+        )
         return sid
 
     def write(self, directory: Path, manifest: Mapping[str, Any] | None = None) -> Path:
@@ -97,12 +115,25 @@ def training_run(
     b = TraceBuilder()
     bw, lat = 900e9, 2.5  # bytes/s, us
     topo = {
-        "chips": [{"id": f"gpu:{g}", "type": "gpu", "memory_bandwidth_Bps": 8e12,
-                   "peak_flops": {"bf16": 1e15, "fp16": 1e15, "fp8": 2e15, "nvfp4": 4e15}}
-                  for g in range(gpus)],
-        "links": [{"id": f"nvlink5:gpu:{g}-gpu:{(g + 1) % gpus}", "type": "nvlink5",
-                   "bandwidth_Bps": bw, "latency_ns": lat * 1000} for g in range(gpus)],
-    }  # fmt: skip
+        "chips": [
+            {
+                "id": f"gpu:{g}",
+                "type": "gpu",
+                "memory_bandwidth_Bps": 8e12,
+                "peak_flops": {"bf16": 1e15, "fp16": 1e15, "fp8": 2e15, "nvfp4": 4e15},
+            }
+            for g in range(gpus)
+        ],
+        "links": [
+            {
+                "id": f"nvlink5:gpu:{g}-gpu:{(g + 1) % gpus}",
+                "type": "nvlink5",
+                "bandwidth_Bps": bw,
+                "latency_ns": lat * 1000,
+            }
+            for g in range(gpus)
+        ],
+    }
     t0 = 0.0
     n_msgs = max(1, (8 << 20) // message_bytes)
     for _ in range(steps):
@@ -116,18 +147,47 @@ def training_run(
             chip = f"gpu:{g}"
             speed = 4.0 if chip == slow_gpu else 1.0
             c = ready + (30 if chip == late_gpu else 0)
-            h2d = b.span("h2d", c, c + 5, trace=t, parent=root, link=f"pcie5:cpu:0-{chip}",
-                         src="cpu:0", dst=chip, nbytes=1 << 20, links=[pre])  # fmt: skip
+            h2d = b.span(
+                "h2d",
+                c,
+                c + 5,
+                trace=t,
+                parent=root,
+                link=f"pcie5:cpu:0-{chip}",
+                src="cpu:0",
+                dst=chip,
+                nbytes=1 << 20,
+                links=[pre],
+            )
             c += 5
             for i in range(layers):
                 d = 10 * speed
-                b.span("fwd", c, c + d, trace=t, parent=root, chip=chip, flops=int(1e10),
-                       nbytes=1 << 20, precision=precision, links=[h2d] if i == 0 else None)  # fmt: skip
+                b.span(
+                    "fwd",
+                    c,
+                    c + d,
+                    trace=t,
+                    parent=root,
+                    chip=chip,
+                    flops=int(1e10),
+                    nbytes=1 << 20,
+                    precision=precision,
+                    links=[h2d] if i == 0 else None,
+                )
                 c += d
             for i in range(layers):
                 d = 20 * speed
-                b.span("bwd", c, c + d, trace=t, parent=root, chip=chip, flops=int(2e10),
-                       nbytes=2 << 20, precision=precision)  # fmt: skip
+                b.span(
+                    "bwd",
+                    c,
+                    c + d,
+                    trace=t,
+                    parent=root,
+                    chip=chip,
+                    flops=int(2e10),
+                    nbytes=2 << 20,
+                    precision=precision,
+                )
                 c += d
                 bucket_ready[i][g] = c
         last_bwd = max(max(r) for r in bucket_ready)
@@ -140,8 +200,17 @@ def training_run(
                 for g in range(gpus):
                     link = f"nvlink5:gpu:{g}-gpu:{(g + 1) % gpus}"
                     d = lat + message_bytes / (bw * (0.1 if link == slow_link else 1.0)) * 1e6
-                    b.span("allreduce", s, s + d, trace=t, parent=root, link=link, src=f"gpu:{g}",
-                           dst=f"gpu:{(g + 1) % gpus}", nbytes=message_bytes)  # fmt: skip
+                    b.span(
+                        "allreduce",
+                        s,
+                        s + d,
+                        trace=t,
+                        parent=root,
+                        link=link,
+                        src=f"gpu:{g}",
+                        dst=f"gpu:{(g + 1) % gpus}",
+                        nbytes=message_bytes,
+                    )
                     dur = max(dur, d)
                 s += dur
             ar_end = s
@@ -151,8 +220,17 @@ def training_run(
             end += cpu_optimizer_us
         else:
             for g in range(gpus):
-                b.span("optimizer", end, end + 5, trace=t, parent=root, chip=f"gpu:{g}",
-                       flops=int(1e8), nbytes=64 << 20, precision="fp32")  # fmt: skip
+                b.span(
+                    "optimizer",
+                    end,
+                    end + 5,
+                    trace=t,
+                    parent=root,
+                    chip=f"gpu:{g}",
+                    flops=int(1e8),
+                    nbytes=64 << 20,
+                    precision="fp32",
+                )
             end += 5
         b.rows[spans_before]["end_ns"] = T0 + int(end * US)
         t0 = end + 10

@@ -32,7 +32,9 @@ def test_slow_worker_is_the_straggler(trace_dir: Path) -> None:
     ta = TraceAnalysis(trace_dir)
     findings = ta.findings()
     top = findings[0]
-    assert (top.rule, top.culprit) == ("straggler", "cpu:2"), [(f.rule, f.culprit) for f in findings]
+    assert (top.rule, top.culprit) == ("straggler", "cpu:2"), [
+        (f.rule, f.culprit) for f in findings
+    ]
     assert top.severity == "high"
     m = ta.metrics()
     assert m["steps"] == 4 and m["mfu"] is None and m["utilization"]["cpu"] > 0

@@ -19,14 +19,25 @@ def _overlapping(b: TraceBuilder) -> None:
     wrap = b.span("wrap", 0, 100, trace=t, parent=root, chip="cpu:0")  # has a chip child
     b.span("inner", 10, 20, trace=t, parent=wrap, chip="cpu:0")
     b.span("idle", 20, 90, trace=t, parent=root, chip="cpu:1", op="idle")
-    b.span("x", 10, 30, trace=t, parent=root, link="nvlink6:gpu:0-gpu:1", src="gpu:0",
-           dst="gpu:1", nbytes=20_000)  # fmt: skip
+    b.span(
+        "x",
+        10,
+        30,
+        trace=t,
+        parent=root,
+        link="nvlink6:gpu:0-gpu:1",
+        src="gpu:0",
+        dst="gpu:1",
+        nbytes=20_000,
+    )
 
 
 def test_busy_is_a_union_and_skips_wrappers_and_idle(tmp_path: Path, builder: TraceBuilder) -> None:
     _overlapping(builder)
     con = chiptrace.connect(builder.write(tmp_path / "t"))
-    busy = dict(con.sql("SELECT chip_id, sum(end_ns - start_ns) FROM chip_busy() GROUP BY 1").fetchall())
+    busy = dict(
+        con.sql("SELECT chip_id, sum(end_ns - start_ns) FROM chip_busy() GROUP BY 1").fetchall()
+    )
     assert busy == {"gpu:0": 70 * US, "cpu:0": 10 * US}  # 0-60 and 70-80; only `inner` on cpu:0
 
 
@@ -80,7 +91,12 @@ def test_link_throughput_without_topology(tmp_path: Path, builder: TraceBuilder)
 def test_query_cli_can_call_the_macros(tmp_path: Path, builder: TraceBuilder, capsys) -> None:
     _overlapping(builder)
     d = builder.write(tmp_path / "t")
-    assert main(["query", str(d), "SELECT chip_id, busy_ns FROM utilization(1) ORDER BY 1", "-f", "csv"]) == 0
+    assert (
+        main(
+            ["query", str(d), "SELECT chip_id, busy_ns FROM utilization(1) ORDER BY 1", "-f", "csv"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "gpu:0" in out and str(70 * US) in out
     assert MS == 1000 * US
@@ -98,8 +114,10 @@ def test_analysis_tables_agree_with_the_macros(tmp_path: Path, builder: TraceBui
             _overlapping(builder)
             d = builder.write(tmp_path / "nested")
         con = chiptrace.connect(d)
-        want = dict(con.sql(
-            "SELECT chip_id, CAST(sum(end_ns - start_ns) AS BIGINT) FROM chip_busy() GROUP BY 1"
-        ).fetchall())  # fmt: skip
+        want = dict(
+            con.sql(
+                "SELECT chip_id, CAST(sum(end_ns - start_ns) AS BIGINT) FROM chip_busy() GROUP BY 1"
+            ).fetchall()
+        )
         got = {r["chip_id"]: r["busy_ns"] for r in TraceAnalysis(con).tables.chips.to_pylist()}
         assert got == want

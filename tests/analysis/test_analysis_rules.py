@@ -109,7 +109,10 @@ def test_analyze_on_a_live_window(tmp_path: Path) -> None:
 
 
 def test_sort_order_and_rule_ids() -> None:
-    fs = [Finding("a", "low", "x", {}, "", 0.9), Finding("b", "high", "y", {}, "", 0.1),
-          Finding("c", "high", "z", {}, "", 0.5)]  # fmt: skip
+    fs = [
+        Finding("a", "low", "x", {}, "", 0.9),
+        Finding("b", "high", "y", {}, "", 0.1),
+        Finding("c", "high", "z", {}, "", 0.5),
+    ]
     assert [f.rule for f in sort_findings(fs)] == ["c", "b", "a"]
     assert {"straggler", "link-bound", "starvation", "poor-overlap", "latency-bound"} <= set(RULES)

@@ -20,10 +20,20 @@ def _fan_out_in(b: TraceBuilder) -> TraceBuilder:
     root = b.span("step", 0, 200, trace=t)
     fwd = b.span("fwd", 0, 50, trace=t, parent=root, chip="gpu:0")
     sends = [
-        b.span(f"t{i}", 50, 50 + d, trace=t, parent=root, link=f"nvlink6:gpu:0-gpu:{i + 1}",
-               src="gpu:0", dst=f"gpu:{i + 1}", nbytes=1 << 20, links=[fwd])
+        b.span(
+            f"t{i}",
+            50,
+            50 + d,
+            trace=t,
+            parent=root,
+            link=f"nvlink6:gpu:0-gpu:{i + 1}",
+            src="gpu:0",
+            dst=f"gpu:{i + 1}",
+            nbytes=1 << 20,
+            links=[fwd],
+        )
         for i, d in enumerate((20, 30, 60))
-    ]  # fmt: skip
+    ]
     b.span("other", 55, 108, trace=t, parent=root, chip="gpu:2")  # ends after t2: a decoy
     b.span("reduce", 110, 190, trace=t, parent=root, chip="gpu:1", links=sends)
     return b
@@ -44,10 +54,34 @@ def test_fan_in_follows_the_last_transfer(tmp_path: Path, builder: TraceBuilder)
 def test_chip_order_is_a_dependency() -> None:
     rows = [
         {"span_id": "r", "parent_span_id": None, "name": "step", "start_ns": 0, "end_ns": 100},
-        {"span_id": "a", "parent_span_id": "r", "name": "a", "start_ns": 0, "end_ns": 40, "chip_id": "gpu:0", "chip_type": "gpu"},
-        {"span_id": "x", "parent_span_id": "r", "name": "x", "start_ns": 0, "end_ns": 45, "chip_id": "gpu:1", "chip_type": "gpu"},
-        {"span_id": "b", "parent_span_id": "r", "name": "b", "start_ns": 40, "end_ns": 100, "chip_id": "gpu:0", "chip_type": "gpu"},
-    ]  # fmt: skip
+        {
+            "span_id": "a",
+            "parent_span_id": "r",
+            "name": "a",
+            "start_ns": 0,
+            "end_ns": 40,
+            "chip_id": "gpu:0",
+            "chip_type": "gpu",
+        },
+        {
+            "span_id": "x",
+            "parent_span_id": "r",
+            "name": "x",
+            "start_ns": 0,
+            "end_ns": 45,
+            "chip_id": "gpu:1",
+            "chip_type": "gpu",
+        },
+        {
+            "span_id": "b",
+            "parent_span_id": "r",
+            "name": "b",
+            "start_ns": 40,
+            "end_ns": 100,
+            "chip_id": "gpu:0",
+            "chip_type": "gpu",
+        },
+    ]
     path = critical_path(rows)
     # x ends later than a, but b started right when a (same chip) ended: a gated b
     assert _names(path) == ["a", "b"]
@@ -57,11 +91,35 @@ def test_chip_order_is_a_dependency() -> None:
 def test_sequential_host_code_and_gaps() -> None:
     rows = [
         {"span_id": "r", "parent_span_id": None, "name": "step", "start_ns": 0, "end_ns": 100_000},
-        {"span_id": "l", "parent_span_id": "r", "name": "load", "start_ns": 5_000, "end_ns": 20_000, "chip_id": "cpu:0", "chip_type": "cpu"},
+        {
+            "span_id": "l",
+            "parent_span_id": "r",
+            "name": "load",
+            "start_ns": 5_000,
+            "end_ns": 20_000,
+            "chip_id": "cpu:0",
+            "chip_type": "cpu",
+        },
         {"span_id": "f", "parent_span_id": "r", "name": "fb", "start_ns": 30_000, "end_ns": 90_000},
-        {"span_id": "m0", "parent_span_id": "f", "name": "mm0", "start_ns": 31_000, "end_ns": 60_000, "chip_id": "gpu:0", "chip_type": "gpu"},
-        {"span_id": "m1", "parent_span_id": "f", "name": "mm1", "start_ns": 31_000, "end_ns": 88_000, "chip_id": "gpu:1", "chip_type": "gpu"},
-    ]  # fmt: skip
+        {
+            "span_id": "m0",
+            "parent_span_id": "f",
+            "name": "mm0",
+            "start_ns": 31_000,
+            "end_ns": 60_000,
+            "chip_id": "gpu:0",
+            "chip_type": "gpu",
+        },
+        {
+            "span_id": "m1",
+            "parent_span_id": "f",
+            "name": "mm1",
+            "start_ns": 31_000,
+            "end_ns": 88_000,
+            "chip_id": "gpu:1",
+            "chip_type": "gpu",
+        },
+    ]
     path = critical_path(rows)
     assert _names(path) == ["load", "mm1"]
     assert [s.via for s in path.segments] == ["gap", "sequence", "gap", "end", "gap"]
@@ -71,7 +129,9 @@ def test_sequential_host_code_and_gaps() -> None:
 
 def test_empty_and_single_span() -> None:
     assert critical_path([]).segments == ()
-    p = critical_path([{"span_id": "r", "parent_span_id": None, "name": "solo", "start_ns": 0, "end_ns": 10}])
+    p = critical_path(
+        [{"span_id": "r", "parent_span_id": None, "name": "solo", "start_ns": 0, "end_ns": 10}]
+    )
     assert _names(p) == ["solo"] and p.duration_ns == 10
 
 
@@ -94,10 +154,34 @@ def test_loose_parentless_spans_get_a_virtual_root() -> None:
     the path covers the whole trace, not just its longest span, and a one-span step on a
     chip works too (it once raised KeyError)."""
     rows = [
-        {"span_id": "a", "parent_span_id": None, "name": "a", "start_ns": 0, "end_ns": 40, "chip_id": "gpu:0", "chip_type": "gpu"},
-        {"span_id": "b", "parent_span_id": "gone", "name": "b", "start_ns": 40, "end_ns": 100, "chip_id": "gpu:0", "chip_type": "gpu"},
-        {"span_id": "c", "parent_span_id": None, "name": "c", "start_ns": 110, "end_ns": 150, "chip_id": "gpu:1", "chip_type": "gpu"},
-    ]  # fmt: skip
+        {
+            "span_id": "a",
+            "parent_span_id": None,
+            "name": "a",
+            "start_ns": 0,
+            "end_ns": 40,
+            "chip_id": "gpu:0",
+            "chip_type": "gpu",
+        },
+        {
+            "span_id": "b",
+            "parent_span_id": "gone",
+            "name": "b",
+            "start_ns": 40,
+            "end_ns": 100,
+            "chip_id": "gpu:0",
+            "chip_type": "gpu",
+        },
+        {
+            "span_id": "c",
+            "parent_span_id": None,
+            "name": "c",
+            "start_ns": 110,
+            "end_ns": 150,
+            "chip_id": "gpu:1",
+            "chip_type": "gpu",
+        },
+    ]
     path = critical_path(rows)
     assert path.root == "(trace)" and (path.start_ns, path.end_ns) == (0, 150)
     assert _names(path) == ["a", "b", "c"]

@@ -24,7 +24,9 @@ def test_report_json_keys(tmp_path: Path, capsys) -> None:
     d = training_run(tmp_path / "t", overlap=False)
     assert main(["report", str(d), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert {"version", "sources", "metrics", "findings", "critical_path", "utilization"} <= set(data)
+    assert {"version", "sources", "metrics", "findings", "critical_path", "utilization"} <= set(
+        data
+    )
     assert all(set(f) == FINDING_KEYS for f in data["findings"])
     ranks = [("high", "medium", "low", "info").index(f["severity"]) for f in data["findings"]]
     assert ranks == sorted(ranks)
@@ -42,7 +44,9 @@ def test_report_html(tmp_path: Path, capsys) -> None:
     text = page.read_text()
     assert text.startswith("<!DOCTYPE html>") and text.count("<svg") >= 2
     assert "<polyline" in text and "starvation" in text and "dpu:0" in text
-    assert "<script" not in text and "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "<script" not in text and "http://" not in text.replace(
+        'xmlns="http://www.w3.org/2000/svg"', ""
+    )
 
 
 def test_diff_dirs_and_saved_json(tmp_path: Path, capsys) -> None:

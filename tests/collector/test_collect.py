@@ -40,9 +40,16 @@ class Collector:
     """`chiptrace collect` run in-process through the CLI's own build(), on free ports."""
 
     def __init__(self, out: Path, **opts: Any) -> None:
-        args = argparse.Namespace(listen="127.0.0.1:0", grpc="127.0.0.1:0", out=str(out),
-                                  partition_by=None, max_request_bytes=1 << 20, flush_interval=60.0,
-                                  flush_spans=1_000_000, max_buffered=1_000_000)  # fmt: skip
+        args = argparse.Namespace(
+            listen="127.0.0.1:0",
+            grpc="127.0.0.1:0",
+            out=str(out),
+            partition_by=None,
+            max_request_bytes=1 << 20,
+            flush_interval=60.0,
+            flush_spans=1_000_000,
+            max_buffered=1_000_000,
+        )
         for k, v in opts.items():
             setattr(args, k, v)
         self.out = out
@@ -63,8 +70,12 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
     c.close()
 
 
-def post(url: str, body: bytes, ctype: str = "application/x-protobuf", **headers: str) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": ctype, **headers})
+def post(
+    url: str, body: bytes, ctype: str = "application/x-protobuf", **headers: str
+) -> tuple[int, bytes]:
+    req = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": ctype, **headers}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, resp.read()
@@ -75,12 +86,19 @@ def post(url: str, body: bytes, ctype: str = "application/x-protobuf", **headers
 def sample_request(n: int = 3, first_id: int = 1) -> bytes:
     from chiptrace.exporters.otlp_encode import encode_request
 
-    batch = batch_from_columns({
-        "trace_id": trace_ids_to_binary([bytes([5]) * 16] * n),
-        "span_id": ids_to_binary(range(first_id, first_id + n)),
-        "name": "s", "start_ns": list(range(n)), "end_ns": list(range(1, n + 1)),
-        "chip_id": "npu:0", "chip_type": "npu", "resource": '{"service.name":"t"}', "scope": "x",
-    })  # fmt: skip
+    batch = batch_from_columns(
+        {
+            "trace_id": trace_ids_to_binary([bytes([5]) * 16] * n),
+            "span_id": ids_to_binary(range(first_id, first_id + n)),
+            "name": "s",
+            "start_ns": list(range(n)),
+            "end_ns": list(range(1, n + 1)),
+            "chip_id": "npu:0",
+            "chip_type": "npu",
+            "resource": '{"service.name":"t"}',
+            "scope": "x",
+        }
+    )
     return encode_request(batch)
 
 
@@ -90,14 +108,20 @@ def stored(out: Path) -> dict[str, dict]:
 
 
 def run_sender(*args: str) -> list[dict]:
-    proc = subprocess.run([sys.executable, str(SENDER), *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SENDER), *args], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
 @pytest.mark.parametrize("transport", ["http", "http-gzip", "grpc", "grpc-gzip"])
 def test_real_sdk_exporters_spans_arrive_exactly(collector: Collector, transport: str) -> None:
-    args = ["--http", collector.url] if transport.startswith("http") else ["--grpc", collector.grpc_target]
+    args = (
+        ["--http", collector.url]
+        if transport.startswith("http")
+        else ["--grpc", collector.grpc_target]
+    )
     sent = run_sender(*args, "--spans", "200", *(["--gzip"] if transport.endswith("gzip") else []))
     collector.close()
     rows = stored(collector.out)
@@ -108,7 +132,12 @@ def test_real_sdk_exporters_spans_arrive_exactly(collector: Collector, transport
         assert (r["start_ns"], r["end_ns"], r["name"]) == (s["start"], s["end"], s["name"])
         assert r["kind"] == s["kind"] + 1  # the Python API counts from INTERNAL=0, OTLP from 1
         assert span_attributes(r) == s["attributes"]
-        assert (r["service"], r["host"], r["pid"], r["scope"]) == ("sdk-app", "node7", 4242, "sdk.lib")
+        assert (r["service"], r["host"], r["pid"], r["scope"]) == (
+            "sdk-app",
+            "node7",
+            4242,
+            "sdk.lib",
+        )
         events = json.loads(r["events"]) if r["events"] else []
         assert [[e["name"], e["time_ns"], e["attributes"]] for e in events] == s["events"]
         links = json.loads(r["links"]) if r["links"] else []
@@ -133,8 +162,12 @@ def _to_otlp_json(body: bytes) -> bytes:
 def test_http_json_and_gzip(collector: Collector) -> None:
     status, resp = post(collector.url, _to_otlp_json(sample_request(3, 100)), "application/json")
     assert (status, resp) == (200, b"{}")
-    status, resp = post(collector.url, gzip.compress(sample_request(2, 200)), **{"Content-Encoding": "gzip"})
-    assert status == 200 and not ExportTraceServiceResponse.FromString(resp).HasField("partial_success")
+    status, resp = post(
+        collector.url, gzip.compress(sample_request(2, 200)), **{"Content-Encoding": "gzip"}
+    )
+    assert status == 200 and not ExportTraceServiceResponse.FromString(resp).HasField(
+        "partial_success"
+    )
     collector.close()
     rows = stored(collector.out)
     assert sorted(int(k, 16) for k in rows) == [100, 101, 102, 200, 201]
@@ -153,7 +186,14 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(collector: Collector)
     url = collector.url
     assert post(url, b"\x0a\xff\xff\xff")[0] == 400  # truncated length-delimited field
     assert post(url, b"not json", "application/json")[0] == 400
-    assert post(url, b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz"}]}]}]}', "application/json")[0] == 400
+    assert (
+        post(
+            url,
+            b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz"}]}]}]}',
+            "application/json",
+        )[0]
+        == 400
+    )
     assert post(url, sample_request(), "text/plain")[0] == 415
     assert post(url, sample_request(), **{"Content-Encoding": "br"})[0] == 415
     assert post(url, b"\x1f\x8b\x08garbage", **{"Content-Encoding": "gzip"})[0] == 400
@@ -161,8 +201,10 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(collector: Collector)
     bomb = gzip.compress(b"\0" * (3 << 20))
     assert post(url, bomb, **{"Content-Encoding": "gzip"})[0] == 413
     assert post(url.replace("/v1/traces", "/v1/logs"), sample_request())[0] == 404
-    head = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
-            b"Content-Length: 500\r\n\r\n")  # fmt: skip
+    head = (
+        b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+        b"Content-Length: 500\r\n\r\n"
+    )
     assert _raw_http(collector.receiver.http_port, head, sample_request()[:20]) == 400
     # still serving, and nothing bad was stored
     assert post(url, sample_request(3, 7))[0] == 200
@@ -198,8 +240,10 @@ def test_partition_by_date_and_host(tmp_path: Path) -> None:
         assert post(c.url, sample_request(3, 500))[0] == 200  # no host.name, start in 1970
     finally:
         c.close()
-    parts = {p.parent.relative_to(tmp_path / "p" / "spans").as_posix()
-             for p in (tmp_path / "p" / "spans").rglob("*.parquet")}  # fmt: skip
+    parts = {
+        p.parent.relative_to(tmp_path / "p" / "spans").as_posix()
+        for p in (tmp_path / "p" / "spans").rglob("*.parquet")
+    }
     assert len(parts) == 2
     assert "date=1970-01-01/host=__HIVE_DEFAULT_PARTITION__" in parts
     (other,) = parts - {"date=1970-01-01/host=__HIVE_DEFAULT_PARTITION__"}
@@ -218,9 +262,23 @@ def test_receiver_class_reusable_with_a_callback() -> None:
 
 def test_sigterm_keeps_every_acknowledged_span(tmp_path: Path) -> None:
     out = tmp_path / "sig"
-    proc = subprocess.Popen([sys.executable, "-m", "chiptrace", "collect", "--listen", "127.0.0.1:0",
-                             "--out", str(out), "--flush-interval", "60"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "chiptrace",
+            "collect",
+            "--listen",
+            "127.0.0.1:0",
+            "--out",
+            str(out),
+            "--flush-interval",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     url = line.split()[3]
     acked: list[int] = []

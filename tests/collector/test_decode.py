@@ -25,12 +25,17 @@ def _reference(body: bytes) -> dict[bytes, dict]:
         for ss in rs.scope_spans:
             for sp in ss.spans:
                 out[sp.span_id] = {
-                    "trace_id": sp.trace_id, "parent": sp.parent_span_id or None, "name": sp.name,
-                    "kind": sp.kind, "start": sp.start_time_unix_nano, "end": sp.end_time_unix_nano,
-                    "status": (sp.status.code, sp.status.message or None), "scope": ss.scope.name,
+                    "trace_id": sp.trace_id,
+                    "parent": sp.parent_span_id or None,
+                    "name": sp.name,
+                    "kind": sp.kind,
+                    "start": sp.start_time_unix_nano,
+                    "end": sp.end_time_unix_nano,
+                    "status": (sp.status.code, sp.status.message or None),
+                    "scope": ss.scope.name,
                     "attributes": {kv.key: decode_any_value(kv.value) for kv in sp.attributes},
                     "events": [(e.name, e.time_unix_nano) for e in sp.events],
-                }  # fmt: skip
+                }
     return out
 
 
@@ -41,7 +46,11 @@ def _check(body: bytes) -> pa.RecordBatch:
     for row in batch.to_pylist():
         r = ref[row["span_id"]]
         assert (row["trace_id"], row["parent_span_id"], row["name"], row["kind"]) == (
-            r["trace_id"], r["parent"], r["name"], r["kind"])  # fmt: skip
+            r["trace_id"],
+            r["parent"],
+            r["name"],
+            r["kind"],
+        )
         assert (row["start_ns"], row["end_ns"]) == (r["start"], r["end"])
         assert (row["status_code"], row["status_message"]) == r["status"]
         assert span_attributes(row) == r["attributes"] and row["scope"] == r["scope"]
@@ -60,7 +69,6 @@ def test_sdk_encoded_and_chiptrace_encoded_requests(tmp_path: Path) -> None:
     for body in make_requests()[:2]:  # SDK field order: the fast path
         _check(body)
     from chiptrace.exporters.otlp_encode import encode_request
-
     from tests.exporters.conftest import _decorated_workload
 
     chiptrace.init(tmp_path / "t", service="x", flush_interval_s=60)
@@ -81,7 +89,11 @@ def test_shared_caches_do_not_leak_between_different_values() -> None:
     for first in (1, 100, 200, 1, 300):
         r = SpanReader(caches)
         r.read_request(sample_request(3, first))
-        assert [int.from_bytes(s, "big") for s in r.columns()["span_id"]] == [first, first + 1, first + 2]
+        assert [int.from_bytes(s, "big") for s in r.columns()["span_id"]] == [
+            first,
+            first + 1,
+            first + 2,
+        ]
     assert all(len(t) <= 3 for t in (caches.kv, caches.attrs, caches.tails, caches.status))
 
 
@@ -106,7 +118,9 @@ def test_damaged_bodies_raise_decode_error_or_decode() -> None:
 
 def test_json_with_bad_ids_is_a_decode_error() -> None:
     with pytest.raises(DecodeError, match="expected hex"):
-        decode(b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"spanId":"xyz"}]}]}]}', "application/json")
+        decode(
+            b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"spanId":"xyz"}]}]}]}', "application/json"
+        )
 
 
 def test_any_field_order_decodes_like_the_reference() -> None:
@@ -119,9 +133,12 @@ def test_any_field_order_decodes_like_the_reference() -> None:
     spans = []
     for k in range(60):
         fields = [
-            Span(trace_id=bytes([k + 1]) * 16), Span(span_id=bytes([k + 1]) * 8),
-            Span(name="op" * (k % 3)), Span(start_time_unix_nano=1_000 + k), Span(end_time_unix_nano=5_000 + k),
-        ]  # fmt: skip
+            Span(trace_id=bytes([k + 1]) * 16),
+            Span(span_id=bytes([k + 1]) * 8),
+            Span(name="op" * (k % 3)),
+            Span(start_time_unix_nano=1_000 + k),
+            Span(end_time_unix_nano=5_000 + k),
+        ]
         if k % 2:
             fields.append(Span(parent_span_id=bytes([k]) * 8))
         if k % 4:
@@ -129,7 +146,9 @@ def test_any_field_order_decodes_like_the_reference() -> None:
         if k % 5 == 0:
             fields.append(Span(flags=0x101))
         if k % 3 == 0:
-            fields.append(Span(attributes=[{"key": "chip.id", "value": {"string_value": f"gpu:{k % 8}"}}]))
+            fields.append(
+                Span(attributes=[{"key": "chip.id", "value": {"string_value": f"gpu:{k % 8}"}}])
+            )
         if k >= 20:
             rng.shuffle(fields)  # the first 20 keep SDK order
         spans.append(b"".join(f.SerializeToString() for f in fields))

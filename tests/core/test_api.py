@@ -20,7 +20,9 @@ def test_bare_and_argument_decorators_tag_chips(trace_dir):
     def plain(x):
         return x * 2
 
-    @chiptrace.trace(name="gemm", chip="gpu:3", precision="fp8", attributes={"op.flops": 10, "k": 1})
+    @chiptrace.trace(
+        name="gemm", chip="gpu:3", precision="fp8", attributes={"op.flops": 10, "k": 1}
+    )
     def gemm():
         return 7
 
@@ -29,7 +31,12 @@ def test_bare_and_argument_decorators_tag_chips(trace_dir):
     spans = spans_by_name(trace_dir)
     assert len(spans["test_bare_and_argument_decorators_tag_chips.plain"]) == 1
     (g,) = spans["gemm"]
-    assert (g["chip_id"], g["chip_type"], g["op_kind"], g["op_precision"]) == ("gpu:3", "gpu", "compute", "fp8")
+    assert (g["chip_id"], g["chip_type"], g["op_kind"], g["op_precision"]) == (
+        "gpu:3",
+        "gpu",
+        "compute",
+        "fp8",
+    )
     assert g["op_flops"] == 10
     assert g["attributes"] == '{"k":1}'
     assert g["end_ns"] >= g["start_ns"] and g["parent_span_id"] is None
@@ -40,7 +47,12 @@ def test_link_tags_and_span_object(trace_dir):
         s.set_attribute("op.bytes", 1 << 20)
         s.add_event("halfway", {"pct": 50})
     (c,) = spans_by_name(trace_dir)["copy"]
-    assert (c["link_type"], c["link_src"], c["link_dst"], c["op_kind"]) == ("pcie5", "cpu:0", "gpu:1", "comm")
+    assert (c["link_type"], c["link_src"], c["link_dst"], c["op_kind"]) == (
+        "pcie5",
+        "cpu:0",
+        "gpu:1",
+        "comm",
+    )
     assert c["op_bytes"] == 1 << 20
     assert '"halfway"' in c["events"]
 
@@ -209,6 +221,7 @@ def test_otel_interop_both_ways(trace_dir, otel_sdk):
 def test_disabled_records_nothing(tmp_path):
     chiptrace.init(tmp_path / "off", enabled=False)
     try:
+
         @chiptrace.trace
         def f():
             return 1
@@ -249,5 +262,7 @@ def test_no_configuration_writes_under_default_dir(tmp_path):
 
 def test_bad_setting_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("CHIPTRACE_FLUSH_INTERVAL", "soon")
-    with pytest.raises(chiptrace.ConfigError, match="CHIPTRACE_FLUSH_INTERVAL='soon': expected a float"):
+    with pytest.raises(
+        chiptrace.ConfigError, match="CHIPTRACE_FLUSH_INTERVAL='soon': expected a float"
+    ):
         chiptrace.init(tmp_path / "x")

@@ -25,7 +25,9 @@ def test_every_subcommand_has_help(command, capsys):
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "chiptrace", "--help"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "chiptrace", "--help"], capture_output=True, text=True
+    )
     assert out.returncode == 0
     for name in ("demo", "query"):
         assert name in out.stdout

@@ -88,7 +88,9 @@ def test_http_inject_and_extract(tmp_path):
     serving = threading.Thread(target=server.handle_request, daemon=True)
     serving.start()
     with chiptrace.span("client"):
-        req = urllib.request.Request(f"http://127.0.0.1:{server.server_port}/", headers=chiptrace.inject())
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{server.server_port}/", headers=chiptrace.inject()
+        )
         assert urllib.request.urlopen(req, timeout=10).status == 200
     serving.join(10)  # the server span ends after the response is sent
     server.server_close()
@@ -101,5 +103,7 @@ def test_multiprocess_allreduce_sample_is_one_trace(tmp_path):
 
     sample = Path(__file__).resolve().parents[2] / "samples" / "multiprocess_allreduce.py"
     out = tmp_path / "ring"
-    subprocess.run([sys.executable, str(sample), str(out)], check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(sample), str(out)], check=True, timeout=120, capture_output=True
+    )
     _check_one_trace(out, 1 + 4 * 14)

@@ -26,10 +26,16 @@ def two_dirs(tmp_path):
 
 def test_views(two_dirs):
     con = chiptrace.connect(two_dirs / "run0")
-    row = con.sql("SELECT trace_id, span_id, duration_ns, start_time FROM spans LIMIT 1").fetchall()[0]
+    row = con.sql(
+        "SELECT trace_id, span_id, duration_ns, start_time FROM spans LIMIT 1"
+    ).fetchall()[0]
     assert len(row[0]) == 32 and len(row[1]) == 16 and row[2] >= 0 and row[3] is not None
-    assert con.sql("SELECT chip_id, chip_type, spans FROM chips").fetchall() == [("gpu:0", "gpu", 3)]
-    assert con.sql("SELECT link_type, transfers, bytes FROM links").fetchall() == [("nvlink5", 1, 1000)]
+    assert con.sql("SELECT chip_id, chip_type, spans FROM chips").fetchall() == [
+        ("gpu:0", "gpu", 3)
+    ]
+    assert con.sql("SELECT link_type, transfers, bytes FROM links").fetchall() == [
+        ("nvlink5", 1, 1000)
+    ]
     assert con.sql("SELECT count(*) FROM runs WHERE service IS NOT NULL").fetchall()[0][0] == 1
 
 
@@ -50,7 +56,10 @@ def test_cli_formats(two_dirs, tmp_path, capsys):
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert rows == [{"chip_type": "gpu", "n": "3"}, {"chip_type": "npu", "n": "4"}]
     assert main(["query", d, sql, "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out) == [{"chip_type": "gpu", "n": 3}, {"chip_type": "npu", "n": 4}]
+    assert json.loads(capsys.readouterr().out) == [
+        {"chip_type": "gpu", "n": 3},
+        {"chip_type": "npu", "n": 4},
+    ]
     target = tmp_path / "out.parquet"
     assert main(["query", d, sql, "--format", "parquet", "-o", str(target)]) == 0
     assert pq.read_table(target).num_rows == 2

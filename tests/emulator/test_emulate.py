@@ -15,8 +15,10 @@ from chiptrace.store import part_files, read_manifests
 
 
 def _table(out):
-    return pq.ParquetDataset([str(p) for p in part_files(out)]).read().sort_by(
-        [("start_ns", "ascending"), ("span_id", "ascending")]
+    return (
+        pq.ParquetDataset([str(p) for p in part_files(out)])
+        .read()
+        .sort_by([("start_ns", "ascending"), ("span_id", "ascending")])
     )
 
 
@@ -34,7 +36,9 @@ def test_manifest_carries_topology_faults_and_source(tmp_path):
     r = emulate(steps=2, seed=1, out=tmp_path / "t", faults=["slow:gpu:3:4"], progress=False)
     (m,) = read_manifests([r.out])
     assert m["source"] == "emulator"
-    assert m["faults"] == [{"spec": "slow:gpu:3:4", "kind": "slow", "target": "gpu:3", "value": 4.0}]
+    assert m["faults"] == [
+        {"spec": "slow:gpu:3:4", "kind": "slow", "target": "gpu:3", "value": 4.0}
+    ]
     chips = {c["id"]: c for c in m["topology"]["chips"]}
     assert chips["gpu:0"]["peak_flops"]["bf16"] == 2.25e15
     links = {lk["id"]: lk for lk in m["topology"]["links"]}
@@ -52,14 +56,26 @@ def test_span_tree_chip_ops_transfers_and_links(tmp_path):
         "WHERE s.parent_span_id IS NOT NULL AND p.span_id IS NULL"
     ).fetchall()[0][0]
     assert orphans == 0
-    phases = {n for (n,) in con.sql("SELECT DISTINCT name FROM spans WHERE parent_span_id IN "
-                                     "(SELECT span_id FROM spans WHERE parent_span_id IS NULL)").fetchall()}  # fmt: skip
+    phases = {
+        n
+        for (n,) in con.sql(
+            "SELECT DISTINCT name FROM spans WHERE parent_span_id IN "
+            "(SELECT span_id FROM spans WHERE parent_span_id IS NULL)"
+        ).fetchall()
+    }
     assert phases == {"input", "forward", "backward", "allreduce", "optimizer"}
-    for link_id, src, dst in con.sql("SELECT DISTINCT link_id, link_src, link_dst FROM spans WHERE link_id IS NOT NULL").fetchall():
+    for link_id, src, dst in con.sql(
+        "SELECT DISTINCT link_id, link_src, link_dst FROM spans WHERE link_id IS NOT NULL"
+    ).fetchall():
         lk = parse_link(link_id)
         assert {src, dst} == {lk.src, lk.dst}
-    assert con.sql("SELECT count(*) FROM spans WHERE chip_id IS NOT NULL AND op_kind = 'compute' "
-                   "AND (op_flops IS NULL OR op_precision IS NULL)").fetchall()[0][0] == 0  # fmt: skip
+    assert (
+        con.sql(
+            "SELECT count(*) FROM spans WHERE chip_id IS NOT NULL AND op_kind = 'compute' "
+            "AND (op_flops IS NULL OR op_precision IS NULL)"
+        ).fetchall()[0][0]
+        == 0
+    )
     # Every forward pass's first layer links to the host-to-device copy that fed it.
     rows = con.sql("SELECT s.links, s.trace_id FROM spans s WHERE s.name = 'fwd.0'").fetchall()
     assert len(rows) == 16
@@ -71,30 +87,73 @@ def test_span_tree_chip_ops_transfers_and_links(tmp_path):
 
 
 def test_down_link_reroutes_and_is_recorded(tmp_path):
-    r = emulate(steps=1, seed=1, out=tmp_path / "t", faults=["down:nvlink6:gpu:1-switch:0"], progress=False)
+    r = emulate(
+        steps=1, seed=1, out=tmp_path / "t", faults=["down:nvlink6:gpu:1-switch:0"], progress=False
+    )
     con = connect(r.out)
-    used = {x for (x,) in con.sql("SELECT DISTINCT link_id FROM spans WHERE link_id IS NOT NULL").fetchall()}
+    used = {
+        x
+        for (x,) in con.sql(
+            "SELECT DISTINCT link_id FROM spans WHERE link_id IS NOT NULL"
+        ).fetchall()
+    }
     assert "nvlink6:gpu:1-switch:0" not in used and "c2c:gpu:1-cpu:0" in used
 
 
 def test_cli_emulate_writes_a_trace(tmp_path, capsys):
     out = tmp_path / "cli"
-    rc = main(["emulate", "--topology", "rack6", "--workload", "train", "--steps", "2", "--seed", "1",
-               "--out", str(out), "--fault", "straggler:gpu:2:0.5", "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "emulate",
+            "--topology",
+            "rack6",
+            "--workload",
+            "train",
+            "--steps",
+            "2",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            "--fault",
+            "straggler:gpu:2:0.5",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     assert "2 train steps on rack6" in capsys.readouterr().out
     con = connect(out)
-    last = dict(con.sql("SELECT chip_id, max(start_ns) FROM spans WHERE name = 'fwd.0' GROUP BY ALL").fetchall())
+    last = dict(
+        con.sql(
+            "SELECT chip_id, max(start_ns) FROM spans WHERE name = 'fwd.0' GROUP BY ALL"
+        ).fetchall()
+    )
     assert last["gpu:2"] - last["gpu:1"] == pytest.approx(0.5e6, abs=1)
 
 
 def test_down_link_without_detour_fails_naming_it(tmp_path, capsys):
     from chiptrace.cli import main as cli
 
-    rc = cli(["emulate", "--topology", "pcie8", "--steps", "1", "--out", str(tmp_path / "x"),
-              "--fault", "down:pcie4:gpu:0-switch:0"])  # fmt: skip
+    rc = cli(
+        [
+            "emulate",
+            "--topology",
+            "pcie8",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "x"),
+            "--fault",
+            "down:pcie4:gpu:0-switch:0",
+        ]
+    )
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and "no route" in err and "gpu:0" in err and "links down: pcie4:gpu:0-switch:0" in err
+    assert (
+        rc == 2
+        and "no route" in err
+        and "gpu:0" in err
+        and "links down: pcie4:gpu:0-switch:0" in err
+    )
 
 
 def test_inference_is_deterministic_too(tmp_path):
@@ -121,7 +180,15 @@ def test_realtime_run_feeds_extra_sinks_and_maps_to_wall_time(tmp_path):
 
     sink = _Collect()
     before = time.time_ns()
-    r = emulate(steps=2, seed=1, out=tmp_path / "rt", realtime=True, speed=50.0, sinks=[sink], progress=False)
+    r = emulate(
+        steps=2,
+        seed=1,
+        out=tmp_path / "rt",
+        realtime=True,
+        speed=50.0,
+        sinks=[sink],
+        progress=False,
+    )
     assert sink.closed and sink.rows == r.spans
     first = connect(r.out).sql("SELECT min(start_ns) FROM spans").fetchall()[0][0]
     assert first >= before  # virtual t=0 is the run's wall-clock start, not the fixed epoch
@@ -150,17 +217,39 @@ def test_cli_takes_a_topology_path(tmp_path, capsys):
     from chiptrace.cli import main as cli
 
     path = Path(__file__).resolve().parents[2] / "samples" / "topologies" / "mixed_npu.toml"
-    rc = cli(["emulate", "--topology", str(path), "--workload", "infer", "--schedule", "dynamic",
-              "--steps", "12", "--out", str(tmp_path / "m"), "--no-progress"])  # fmt: skip
+    rc = cli(
+        [
+            "emulate",
+            "--topology",
+            str(path),
+            "--workload",
+            "infer",
+            "--schedule",
+            "dynamic",
+            "--steps",
+            "12",
+            "--out",
+            str(tmp_path / "m"),
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
-    used = {c for (c,) in connect(tmp_path / "m").sql(
-        "SELECT DISTINCT chip_id FROM spans WHERE name = 'prefill' AND chip_id IS NOT NULL").fetchall()}  # fmt: skip
+    used = {
+        c
+        for (c,) in connect(tmp_path / "m")
+        .sql("SELECT DISTINCT chip_id FROM spans WHERE name = 'prefill' AND chip_id IS NOT NULL")
+        .fetchall()
+    }
     assert {"gpu:0", "npu:0"} <= used
 
 
 def test_multi_hop_transfer_is_one_span_per_hop_with_one_interval(tmp_path):
     r = emulate(steps=1, seed=1, out=tmp_path / "h", progress=False)
-    rows = connect(r.out).sql("SELECT start_ns, end_ns, link_src, link_dst FROM spans WHERE name = 'h2d'").fetchall()
+    rows = (
+        connect(r.out)
+        .sql("SELECT start_ns, end_ns, link_src, link_dst FROM spans WHERE name = 'h2d'")
+        .fetchall()
+    )
     assert len(rows) == 16  # 8 ranks, each fed DPU -> CPU -> GPU: two hops
     last = [x for x in rows if x[3].startswith("gpu:")]
     assert len(last) == 8
@@ -174,20 +263,35 @@ def test_same_seed_same_table_across_processes(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from chiptrace.emulator import emulate; "
-            "emulate(workload=sys.argv[1], steps=2, seed=5, out=sys.argv[2], progress=False)")  # fmt: skip
+    code = (
+        "import sys; from chiptrace.emulator import emulate; "
+        "emulate(workload=sys.argv[1], steps=2, seed=5, out=sys.argv[2], progress=False)"
+    )
     for hashseed, name in (("1", "a"), ("2", "b")):
         env = {**os.environ, "PYTHONHASHSEED": hashseed}
-        subprocess.run([sys.executable, "-c", code, "infer", str(tmp_path / name)], env=env, check=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-c", code, "infer", str(tmp_path / name)],
+            env=env,
+            check=True,
+            timeout=120,
+        )
     assert _table(tmp_path / "a").equals(_table(tmp_path / "b"))
 
 
 def test_roots_carry_generic_attributes(tmp_path):
     r = emulate(steps=2, seed=1, out=tmp_path / "a", progress=False)
-    rows = connect(r.out).sql("SELECT attributes FROM spans WHERE name = 'train_step' ORDER BY start_ns").fetchall()
+    rows = (
+        connect(r.out)
+        .sql("SELECT attributes FROM spans WHERE name = 'train_step' ORDER BY start_ns")
+        .fetchall()
+    )
     assert [json.loads(a)["train.step"] for (a,) in rows] == [0, 1]
     r = emulate(workload="infer", steps=2, seed=1, out=tmp_path / "i", progress=False)
-    (a,) = connect(r.out).sql("SELECT any_value(attributes) FROM spans WHERE name = 'request'").fetchall()[0]
+    (a,) = (
+        connect(r.out)
+        .sql("SELECT any_value(attributes) FROM spans WHERE name = 'request'")
+        .fetchall()[0]
+    )
     assert json.loads(a)["request.prompt_tokens"] > 0
 
 
@@ -197,8 +301,20 @@ def test_cli_list_and_scenario(tmp_path, capsys):
     assert cli(["emulate", "--list"]) == 0
     text = capsys.readouterr().out
     assert "rack6" in text and "nvl72" in text and "thin_dpu" in text
-    rc = cli(["emulate", "--scenario", "pcie_baseline", "--fault", "slow:gpu:1:2", "--steps", "1",
-              "--out", str(tmp_path / "s"), "--no-progress"])  # fmt: skip
+    rc = cli(
+        [
+            "emulate",
+            "--scenario",
+            "pcie_baseline",
+            "--fault",
+            "slow:gpu:1:2",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "s"),
+            "--no-progress",
+        ]
+    )
     assert rc == 0 and "on pcie8" in capsys.readouterr().out
     (m,) = read_manifests([tmp_path / "s"])
     assert m["topology"]["name"] == "pcie8" and m["faults"][0]["target"] == "gpu:1"

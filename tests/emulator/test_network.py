@@ -75,7 +75,9 @@ def test_tree_allreduce_is_latency_cheaper_for_small_buffers_on_many_ranks():
 def test_sharing_happens_on_the_hop_two_routes_have_in_common():
     net = Network(load_topology("pcie8"))
     a, b = net.route("gpu:0", "gpu:4"), net.route("gpu:1", "gpu:5")
-    assert len(a.dirs) == 4 and set(a.dirs) & set(b.dirs)  # both cross switch:0 -> cpu:0 -> switch:1
+    assert len(a.dirs) == 4 and set(a.dirs) & set(
+        b.dirs
+    )  # both cross switch:0 -> cpu:0 -> switch:1
     alone = net.fluid([0.0], [a], [1e9])[0]
     both = net.fluid([0.0, 0.0], [a, b], [1e9, 1e9])
     assert alone == pytest.approx(4 * 2500 + 1e9 / 32e9 * 1e9)

@@ -35,7 +35,9 @@ def test_presets_have_peaks_and_bandwidths_in_manifest_form():
     for name in PRESETS:
         m = load_topology(name).to_manifest()
         gpus = [c for c in m["chips"] if c["type"] == "gpu"]
-        assert gpus and all(c["peak_flops"]["bf16"] > 1e14 and c["memory_bandwidth_Bps"] > 1e12 for c in gpus)
+        assert gpus and all(
+            c["peak_flops"]["bf16"] > 1e14 and c["memory_bandwidth_Bps"] > 1e12 for c in gpus
+        )
         assert all(lk["bandwidth_Bps"] > 1e9 and lk["latency_ns"] > 0 for lk in m["links"])
 
 
@@ -65,7 +67,10 @@ def test_routes_go_through_switches_not_gpus():
         (lambda d: d["links"][0].update(bandwidth_GBps=-3), "links[0].bandwidth_GBps = -3"),
         (lambda d: d["chips"][0].update(model="H9"), "chips[0].model = 'H9'"),
         (lambda d: d["links"][0].update(bandwith_GBps=5), "links[0].bandwith_GBps: unknown key"),
-        (lambda d: d["chip_models"]["G"].update(memory_gb=5), "chip_models.G.memory_gb: unknown key"),
+        (
+            lambda d: d["chip_models"]["G"].update(memory_gb=5),
+            "chip_models.G.memory_gb: unknown key",
+        ),
         (lambda d: d["chips"][0].update(count=0), "chips[0].count = 0"),
         (lambda d: d["links"][0].update(connect="mesh"), "links[0].connect = 'mesh'"),
     ],

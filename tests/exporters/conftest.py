@@ -31,8 +31,10 @@ class Receiver:
         self.out = tmp / f"received-{time.monotonic_ns()}.bin"
         self.proc = subprocess.Popen(
             [sys.executable, str(RECEIVER), "--out", str(self.out), *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         ports = json.loads(self.proc.stdout.readline())
         self.http_port, self.grpc_port = ports["http"], ports["grpc"]
         self.http_url = f"http://127.0.0.1:{self.http_port}"
@@ -96,7 +98,9 @@ def _decorated_workload() -> None:
     def allreduce() -> None:
         pass
 
-    with chiptrace.span("step", kind=SpanKind.SERVER, attributes={"tags": ["a", "b"], "ok": True}) as step:
+    with chiptrace.span(
+        "step", kind=SpanKind.SERVER, attributes={"tags": ["a", "b"], "ok": True}
+    ) as step:
         step.add_event("begin", {"n": 1, "what": "x"})
         for i in range(3):
             matmul(i)
@@ -141,8 +145,12 @@ def write_other_part(directory: Path) -> int:
 def code_trace(tmp_path: Path) -> Iterator[Path]:
     """A trace dir from decorated code plus a second writer's part: 11 spans, 3 traces."""
     out = tmp_path / "trace"
-    chiptrace.init(out, service="trainer", resource={"deployment.environment": "test", "rank": 0},
-                   flush_interval_s=60)  # fmt: skip
+    chiptrace.init(
+        out,
+        service="trainer",
+        resource={"deployment.environment": "test", "rank": 0},
+        flush_interval_s=60,
+    )
     _decorated_workload()
     chiptrace.shutdown()
     write_other_part(out)
@@ -189,10 +197,17 @@ def write_rack_trace(directory: Path) -> dict[str, int]:
             "pid": 1,
             "scope": "chiptrace.emulator",
             "resource": json.dumps({"service.name": "rack"}),
-            "links": [None, None, None, None,
-                      json.dumps([{"trace_id": "09" * 16, "span_id": f"{ids['xfer']:016x}",
-                                   "attributes": {}}]), None],
+            "links": [
+                None,
+                None,
+                None,
+                None,
+                json.dumps(
+                    [{"trace_id": "09" * 16, "span_id": f"{ids['xfer']:016x}", "attributes": {}}]
+                ),
+                None,
+            ],
         }
-    )  # fmt: skip
+    )
     PartWriter(directory).write(batch)
     return ids

@@ -34,8 +34,14 @@ class State:
         self.out = open(out, "ab") if out else None  # noqa: SIM115 - held for the process
         self.fail_left = {"http": fail_first, "grpc": fail_first}
         self.parse = parse
-        self.stats = {"requests": 0, "spans": 0, "failed": 0, "bytes": 0, "headers": [],
-                      "encodings": []}  # fmt: skip
+        self.stats = {
+            "requests": 0,
+            "spans": 0,
+            "failed": 0,
+            "bytes": 0,
+            "headers": [],
+            "encodings": [],
+        }
 
     def should_fail(self, kind: str) -> bool:
         with self.lock:
@@ -119,13 +125,17 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--fail-first", type=int, default=0)
     ap.add_argument("--no-parse", action="store_true")
-    ap.add_argument("--fail-after", type=int, default=-1, help="503 every request after N good ones")
+    ap.add_argument(
+        "--fail-after", type=int, default=-1, help="503 every request after N good ones"
+    )
     args = ap.parse_args()
     state = State(args.out, args.fail_first, not args.no_parse, args.fail_after)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), http_handler(state))
     httpd.daemon_threads = True
-    gserver = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
-                          options=[("grpc.max_receive_message_length", 64 << 20)])
+    gserver = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4),
+        options=[("grpc.max_receive_message_length", 64 << 20)],
+    )
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(state), gserver)
     gport = gserver.add_insecure_port("127.0.0.1:0")
     gserver.start()

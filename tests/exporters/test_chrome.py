@@ -7,9 +7,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from chiptrace.exporters.chrome import assign_lanes
 
 from chiptrace.cli import main
+from chiptrace.exporters.chrome import assign_lanes
 from tests.exporters.conftest import stored_rows, write_rack_trace
 
 
@@ -20,8 +20,11 @@ def export_chrome(directory: Path, tmp_path: Path, *extra: str) -> dict:
 
 
 def thread_names(doc: dict) -> dict[tuple[int, int], str]:
-    return {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
-            if e["ph"] == "M" and e["name"] == "thread_name"}  # fmt: skip
+    return {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in doc["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
 
 
 def assert_strict_nesting(doc: dict) -> None:
@@ -60,7 +63,9 @@ def test_tracks_per_host_chip_and_link(rack: tuple[Path, dict[str, int]], tmp_pa
     assert_strict_nesting(doc)
 
 
-def test_complete_events_in_microseconds_with_args(rack: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
+def test_complete_events_in_microseconds_with_args(
+    rack: tuple[Path, dict[str, int]], tmp_path: Path
+) -> None:
     doc = export_chrome(rack[0], tmp_path)
     rows = {r["name"]: r for r in stored_rows(rack[0])}
     t0 = doc["otherData"]["t0_unix_ns"]
@@ -77,7 +82,9 @@ def test_complete_events_in_microseconds_with_args(rack: tuple[Path, dict[str, i
     assert xfer["args"]["op.bytes"] == 1 << 30 and xfer["args"]["link.type"] == "nvlink6"
 
 
-def test_flows_from_transfer_to_the_ops_it_feeds(rack: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
+def test_flows_from_transfer_to_the_ops_it_feeds(
+    rack: tuple[Path, dict[str, int]], tmp_path: Path
+) -> None:
     doc = export_chrome(rack[0], tmp_path)
     slices = {e["name"]: e for e in doc["traceEvents"] if e["ph"] == "X"}
     starts = {e["id"]: e for e in doc["traceEvents"] if e["ph"] == "s"}
@@ -99,7 +106,9 @@ def test_round_trip_span_count_and_nesting_on_code_trace(code_trace: Path, tmp_p
     doc = export_chrome(code_trace, tmp_path)
     xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert len(xs) == doc["otherData"]["spans"] == 11
-    assert {e["args"]["span_id"] for e in xs} == {r["span_id"].hex() for r in stored_rows(code_trace)}
+    assert {e["args"]["span_id"] for e in xs} == {
+        r["span_id"].hex() for r in stored_rows(code_trace)
+    }
     procs = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
     assert "node2" in procs and len(procs) == 2
     assert_strict_nesting(doc)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chiptrace.exporters.jaeger import read_jaeger_json
 
 from chiptrace.cli import main
+from chiptrace.exporters.jaeger import read_jaeger_json
 from tests.exporters.conftest import Receiver, stored_rows
 from tests.exporters.test_chrome import assert_strict_nesting, export_chrome, thread_names
 from tests.exporters.test_otlp import assert_received_as_stored
@@ -23,7 +23,9 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("proto", ["http", "grpc"])
-def test_every_emulated_span_arrives_exactly(emulated: Path, receiver: Receiver, proto: str) -> None:
+def test_every_emulated_span_arrives_exactly(
+    emulated: Path, receiver: Receiver, proto: str
+) -> None:
     url = receiver.http_url if proto == "http" else receiver.grpc_url
     assert main(["export", str(emulated), "--otlp", url, "--batch-size", "500"]) == 0
     n = assert_received_as_stored(receiver, emulated)

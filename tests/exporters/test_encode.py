@@ -8,14 +8,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from chiptrace.exporters import _wire
-from chiptrace.exporters.otlp_encode import encode_request, encode_spans, requests
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from chiptrace._otel import batch_to_readable_spans
 from chiptrace.collector.decode import decode_any_value
+from chiptrace.exporters import _wire
+from chiptrace.exporters.otlp_encode import encode_request, encode_spans, requests
 from tests.exporters.conftest import stored_table
 
 
@@ -58,7 +58,21 @@ def test_requests_split_and_keep_every_span(code_trace: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["", "é", 0, -1, 2**63 - 1, -(2**63), 1.5, -0.0, True, False, [1, "a", [2.5]], {"k": {"j": [True]}}]
+    "value",
+    [
+        "",
+        "é",
+        0,
+        -1,
+        2**63 - 1,
+        -(2**63),
+        1.5,
+        -0.0,
+        True,
+        False,
+        [1, "a", [2.5]],
+        {"k": {"j": [True]}},
+    ],
 )
 def test_any_value_round_trip(value: object) -> None:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -67,7 +81,9 @@ def test_any_value_round_trip(value: object) -> None:
 
 
 def test_sliced_batches_encode_their_own_rows(code_trace: Path) -> None:
-    table = pq.read_table(sorted(glob.glob(str(code_trace / "spans" / "*.parquet")))).combine_chunks()
+    table = pq.read_table(
+        sorted(glob.glob(str(code_trace / "spans" / "*.parquet")))
+    ).combine_chunks()
     part = table.slice(2, 3)
     got = _by_span(ExportTraceServiceRequest.FromString(encode_request(part)))
     assert sorted(got) == sorted(part.column("span_id").to_pylist())
@@ -76,13 +92,23 @@ def test_sliced_batches_encode_their_own_rows(code_trace: Path) -> None:
 def test_odd_json_columns_do_not_break_the_encoder() -> None:
     from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
 
-    batch = batch_from_columns({
-        "trace_id": trace_ids_to_binary([b"\1" * 16] * 4), "span_id": ids_to_binary([1, 2, 3, 4]),
-        "name": "x", "start_ns": [1, 2, 3, 4], "end_ns": [5, 6, 7, 8],
-        "attributes": ["{not json", "[1,2]", '{"a":{"b":null}}', None],
-        "events": ['[{"name":"e","attributes":[1]}]', '"text"', "[1]", None],
-        "links": ['[{"span_id":"zz"}]', '[{"trace_id":"01","span_id":"02","attributes":{}}]', "{}", None],
-    })  # fmt: skip
+    batch = batch_from_columns(
+        {
+            "trace_id": trace_ids_to_binary([b"\1" * 16] * 4),
+            "span_id": ids_to_binary([1, 2, 3, 4]),
+            "name": "x",
+            "start_ns": [1, 2, 3, 4],
+            "end_ns": [5, 6, 7, 8],
+            "attributes": ["{not json", "[1,2]", '{"a":{"b":null}}', None],
+            "events": ['[{"name":"e","attributes":[1]}]', '"text"', "[1]", None],
+            "links": [
+                '[{"span_id":"zz"}]',
+                '[{"trace_id":"01","span_id":"02","attributes":{}}]',
+                "{}",
+                None,
+            ],
+        }
+    )
     got = _by_span(ExportTraceServiceRequest.FromString(encode_request(batch)))
     spans = [got[i.to_bytes(8, "big")]["span"] for i in (1, 2, 3, 4)]
     assert spans[0]["attributes"] == {} and spans[1]["attributes"] == {}

@@ -6,14 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
-from chiptrace.exporters.jaeger import JaegerFormatError, read_jaeger_json
 
 from chiptrace.cli import main
+from chiptrace.exporters.jaeger import JaegerFormatError, read_jaeger_json
 from tests.exporters.conftest import stored_rows
 
 # shared/ sits beside the checkout (here and in CI's fresh clone).
-_CANDIDATES = [Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "jaeger",
-               Path("/work/shared/fixtures/jaeger")]  # fmt: skip
+_CANDIDATES = [
+    Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "jaeger",
+    Path("/work/shared/fixtures/jaeger"),
+]
 FIXTURES = next((p for p in _CANDIDATES if p.is_dir()), _CANDIDATES[0])
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="Jaeger fixtures not present")
 
@@ -56,8 +58,11 @@ def test_times_in_microseconds_and_ids_in_hex(exported: dict, code_trace: Path) 
         assert s["startTime"] == r["start_ns"] // 1000
         assert s["duration"] == (r["end_ns"] - r["start_ns"]) // 1000
         if r["parent_span_id"]:
-            assert s["references"][0] == {"refType": "CHILD_OF", "traceID": s["traceID"],
-                                          "spanID": r["parent_span_id"].hex()}  # fmt: skip
+            assert s["references"][0] == {
+                "refType": "CHILD_OF",
+                "traceID": s["traceID"],
+                "spanID": r["parent_span_id"].hex(),
+            }
         for log, ev in zip(s["logs"], json.loads(r["events"] or "[]"), strict=True):
             assert log["timestamp"] == ev["time_ns"] // 1000
 
@@ -73,7 +78,11 @@ def test_typed_tags_references_and_processes(exported: dict) -> None:
     step = {t["key"]: (t["type"], t["value"]) for t in spans["step"]["tags"]}
     assert step["ok"] == ("bool", True) and step["tags"] == ("string", '["a","b"]')
     assert step["span.kind"] == ("string", "server")
-    assert spans["step"]["logs"][0]["fields"][0] == {"key": "event", "type": "string", "value": "begin"}
+    assert spans["step"]["logs"][0]["fields"][0] == {
+        "key": "event",
+        "type": "string",
+        "value": "begin",
+    }
     bad = {t["key"]: t["value"] for t in spans["bad"]["tags"]}
     assert bad["error"] is True and bad["otel.status_code"] == "ERROR"
     assert bad["otel.status_description"] == "disk on fire"
@@ -91,7 +100,21 @@ def test_typed_tags_references_and_processes(exported: dict) -> None:
 
 def test_round_trip_counts(code_trace: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.json"
-    assert main(["export", str(code_trace), "-f", "jaeger-json", "-o", str(out), "--where", "service='remote'"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(code_trace),
+                "-f",
+                "jaeger-json",
+                "-o",
+                str(out),
+                "--where",
+                "service='remote'",
+            ]
+        )
+        == 0
+    )
     back = read_jaeger_json(out)
     assert (len(back.traces), back.spans, back.warnings) == (1, 4, [])
     out2 = tmp_path / "all.json"
@@ -101,7 +124,9 @@ def test_round_trip_counts(code_trace: Path, tmp_path: Path) -> None:
 
 
 @needs_fixtures
-@pytest.mark.parametrize("name, spans", [("upload_valid_petclinic.json", 5), ("ui_testTraceNormal.json", 5)])
+@pytest.mark.parametrize(
+    "name, spans", [("upload_valid_petclinic.json", 5), ("ui_testTraceNormal.json", 5)]
+)
 def test_reads_real_files(name: str, spans: int) -> None:
     got = read_jaeger_json(FIXTURES / name)
     assert got.spans == spans and got.warnings == []

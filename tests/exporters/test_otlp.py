@@ -51,19 +51,38 @@ def assert_received_as_stored(receiver: Receiver, directory: Path, where: str = 
 
 @pytest.mark.parametrize("proto", ["http", "grpc"])
 @pytest.mark.parametrize("compression", ["none", "gzip"])
-def test_cli_export_arrives_exactly(code_trace: Path, receiver: Receiver, proto: str,
-                                    compression: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_export_arrives_exactly(
+    code_trace: Path,
+    receiver: Receiver,
+    proto: str,
+    compression: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     url = receiver.http_url if proto == "http" else receiver.grpc_url
-    rc = main(["export", str(code_trace), "--otlp", url, "--compression", compression,
-               "--batch-size", "3"])  # fmt: skip
+    rc = main(
+        [
+            "export",
+            str(code_trace),
+            "--otlp",
+            url,
+            "--compression",
+            compression,
+            "--batch-size",
+            "3",
+        ]
+    )
     assert rc == 0
     n = assert_received_as_stored(receiver, code_trace)
     assert n == 11
     assert f"sent {n} spans in " in capsys.readouterr().out
-    sizes = [sum(len(ss.spans) for rs in r.resource_spans for ss in rs.scope_spans)
-             for r in receiver.requests()]  # fmt: skip
+    sizes = [
+        sum(len(ss.spans) for rs in r.resource_spans for ss in rs.scope_spans)
+        for r in receiver.requests()
+    ]
     assert max(sizes) == 3
-    assert receiver.stats()["encodings"][0] == ("grpc" if proto == "grpc" else compression.replace("none", ""))
+    assert receiver.stats()["encodings"][0] == (
+        "grpc" if proto == "grpc" else compression.replace("none", "")
+    )
 
 
 def test_resource_and_scope_grouping(code_trace: Path, receiver: Receiver) -> None:
@@ -76,7 +95,9 @@ def test_resource_and_scope_grouping(code_trace: Path, receiver: Receiver) -> No
     assert groups == {"trainer": ["chiptrace"], "remote": ["io.other", "io.remote"]}
 
 
-def test_env_conventions(code_trace: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_conventions(
+    code_trace: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.http_url + "/v1/traces")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")  # the traces one wins
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20abc,x-team=rack")
@@ -117,9 +138,21 @@ def test_gives_up_with_one_line_saying_what_was_sent(
 
 
 @pytest.mark.parametrize("scheme", ["http", "grpc"])
-def test_unreachable_endpoint(code_trace: Path, capsys: pytest.CaptureFixture[str], scheme: str) -> None:
-    rc = main(["export", str(code_trace), "--otlp", f"{scheme}://127.0.0.1:9", "--retries", "1",
-               "--timeout", "2"])  # fmt: skip
+def test_unreachable_endpoint(
+    code_trace: Path, capsys: pytest.CaptureFixture[str], scheme: str
+) -> None:
+    rc = main(
+        [
+            "export",
+            str(code_trace),
+            "--otlp",
+            f"{scheme}://127.0.0.1:9",
+            "--retries",
+            "1",
+            "--timeout",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 1
     assert err.startswith("chiptrace: error: OTLP export to") and len(err.splitlines()) == 1
@@ -131,11 +164,35 @@ def test_filters(code_trace: Path, receiver: Receiver) -> None:
     assert main(["export", str(code_trace), "--otlp", receiver.http_url, "--trace-id", trace]) == 0
     assert {sp.trace_id.hex() for _, _, sp in receiver.spans()} == {trace}
     assert len(receiver.spans()) == 4
-    assert main(["export", str(code_trace), "--otlp", receiver.http_url,
-                 "--where", "chip_type = 'gpu' AND op_flops > 0"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                str(code_trace),
+                "--otlp",
+                receiver.http_url,
+                "--where",
+                "chip_type = 'gpu' AND op_flops > 0",
+            ]
+        )
+        == 0
+    )
     assert len(receiver.spans()) == 4 + 3
-    assert main(["export", str(code_trace), "--otlp", receiver.http_url,
-                 "--since", "1970-01-01T00:00:00.000001Z", "--until", "1200"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                str(code_trace),
+                "--otlp",
+                receiver.http_url,
+                "--since",
+                "1970-01-01T00:00:00.000001Z",
+                "--until",
+                "1200",
+            ]
+        )
+        == 0
+    )
     assert sorted(sp.name for _, _, sp in receiver.spans()[7:]) == ["copy", "req", "send"]
 
 
@@ -151,21 +208,25 @@ def test_filters(code_trace: Path, receiver: Receiver) -> None:
         (["--format", "chrome", "--otlp", "http://h:1"], "cannot be combined"),
     ],
 )
-def test_user_mistakes_are_one_line(code_trace: Path, capsys: pytest.CaptureFixture[str],
-                                    args: list[str], message: str) -> None:
+def test_user_mistakes_are_one_line(
+    code_trace: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     assert main(["export", str(code_trace), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
 
 
 def test_env_timeout_is_milliseconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chiptrace.errors import ConfigError
     from chiptrace.exporters.otlp_config import resolve
 
-    from chiptrace.errors import ConfigError
-
-    s = resolve(env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "2500"})
+    s = resolve(
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "2500"}
+    )
     assert (s.url, s.timeout_s, s.protocol) == ("http://c:4318/v1/traces", 2.5, "http/protobuf")
-    s = resolve(env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    s = resolve(
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    )
     assert (s.protocol, s.target) == ("grpc", "c:4317")
     with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_TIMEOUT"):
         resolve(env={"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"})
@@ -174,15 +235,18 @@ def test_env_timeout_is_milliseconds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("via_env", [False, True])
-def test_live_sink_streams_while_storing(tmp_path: Path, receiver: Receiver, via_env: bool,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_live_sink_streams_while_storing(
+    tmp_path: Path, receiver: Receiver, via_env: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """init(otlp_endpoint=...) and OTEL_EXPORTER_OTLP_ENDPOINT: stored and streamed alike."""
     out = tmp_path / "live"
     if via_env:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.grpc_url)
         rec = chiptrace.init(out, service="live", flush_interval_s=60)
     else:
-        rec = chiptrace.init(out, service="live", flush_interval_s=60, otlp_endpoint=receiver.http_url)
+        rec = chiptrace.init(
+            out, service="live", flush_interval_s=60, otlp_endpoint=receiver.http_url
+        )
     from chiptrace.exporters.otlp import OtlpSink
 
     assert any(isinstance(s, OtlpSink) for s in rec.sinks)
@@ -199,7 +263,9 @@ def test_live_sink_to_a_dead_endpoint_neither_blocks_nor_loses_the_store(
     from chiptrace.exporters.otlp import OtlpSink
 
     out = tmp_path / "dead"
-    rec = chiptrace.init(out, service="live", flush_interval_s=60, otlp_endpoint="http://127.0.0.1:9")
+    rec = chiptrace.init(
+        out, service="live", flush_interval_s=60, otlp_endpoint="http://127.0.0.1:9"
+    )
     (sink,) = [s for s in rec.sinks if isinstance(s, OtlpSink)]
     for _ in range(3):
         with chiptrace.span("op", chip="gpu:0"):
@@ -240,7 +306,18 @@ def test_failure_midway_says_how_many_spans_got_there(
 ) -> None:
     rec = Receiver(tmp_path, "--fail-after", "2")
     try:
-        rc = main(["export", str(code_trace), "--otlp", rec.http_url, "--batch-size", "3", "--retries", "1"])
+        rc = main(
+            [
+                "export",
+                str(code_trace),
+                "--otlp",
+                rec.http_url,
+                "--batch-size",
+                "3",
+                "--retries",
+                "1",
+            ]
+        )
         err = capsys.readouterr().err.strip()
         assert rc == 1 and len(err.splitlines()) == 1
         assert "sent 6 of 11 spans" in err
@@ -249,8 +326,9 @@ def test_failure_midway_says_how_many_spans_got_there(
         rec.stop()
 
 
-def test_env_protocol_grpc_with_an_http_url(code_trace: Path, receiver: Receiver,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_protocol_grpc_with_an_http_url(
+    code_trace: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The SDK's style: OTEL_EXPORTER_OTLP_PROTOCOL=grpc and an http:// endpoint."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver.grpc_port}")

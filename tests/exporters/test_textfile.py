@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from chiptrace.exporters.textfile import write_text
 
 from chiptrace.cli import main
 from chiptrace.errors import ChiptraceError
+from chiptrace.exporters.textfile import write_text
 
 
 def test_a_failed_write_leaves_neither_the_file_nor_a_temporary(tmp_path: Path) -> None:
@@ -32,7 +32,9 @@ def test_an_unwritable_place_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["chrome", "jaeger-json"])
-def test_dash_writes_the_document_to_stdout(code_trace: Path, fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dash_writes_the_document_to_stdout(
+    code_trace: Path, fmt: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["export", str(code_trace), "--format", fmt, "-o", "-"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert ("traceEvents" in doc) if fmt == "chrome" else (doc["total"] == len(doc["data"]) > 0)

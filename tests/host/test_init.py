@@ -17,8 +17,11 @@ from chiptrace.store import PartWriter, read_manifests
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch) -> None:
     for var in (
-        config.ENV_SAMPLE_HOST, config.ENV_SAMPLE_INTERVAL, config.ENV_SAMPLER_PID, config.ENV_DIR
-    ):  # fmt: skip
+        config.ENV_SAMPLE_HOST,
+        config.ENV_SAMPLE_INTERVAL,
+        config.ENV_SAMPLER_PID,
+        config.ENV_DIR,
+    ):
         monkeypatch.delenv(var, raising=False)
     yield
     chiptrace.shutdown()

@@ -35,8 +35,12 @@ def _record(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CHIPTRACE_", "OTEL_"))}
     return subprocess.run(
         [sys.executable, "-m", "chiptrace", "record", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=env,
+    )
 
 
 def test_record_runs_the_program_and_stores_spans_and_metrics(tmp_path: Path) -> None:

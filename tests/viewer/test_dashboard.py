@@ -6,13 +6,13 @@ import re
 from pathlib import Path
 
 import pytest
-from chiptrace.viewer.app import ViewerApp
-from chiptrace.viewer.sources import DirSource
 from viewer_helpers import screen_text
 from viewer_rack import LOAD, SATURATED, STEP_NS, write_rack
 
 import chiptrace
 from chiptrace.schema import CHIP_TYPES
+from chiptrace.viewer.app import ViewerApp
+from chiptrace.viewer.sources import DirSource
 
 WINDOW_NS = STEP_NS  # one step: 100 ms, ten 10 ms buckets
 
@@ -155,5 +155,7 @@ async def test_dark_and_light_themes_render_the_same_dashboard(rack_dir: Path) -
         light_text, light_svg = screen_text(app), app.export_screenshot()
     assert dark_svg != light_svg  # colours follow the theme ...
     strip = [line for line in dark_text.splitlines() if "spans/s" not in line]
-    assert strip == [line for line in light_text.splitlines() if "spans/s" not in line]  # ... text does not
+    assert strip == [
+        line for line in light_text.splitlines() if "spans/s" not in line
+    ]  # ... text does not
     assert "GPU" in light_svg and "ALERTS" in light_svg

@@ -6,13 +6,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from chiptrace.viewer.app import ViewerApp
 
 from chiptrace.cli import main
+from chiptrace.viewer.app import ViewerApp
 
 
-def test_demo_on_a_terminal_runs_the_viewer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_demo_on_a_terminal_runs_the_viewer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("chiptrace.emulator")
     seen: dict[str, object] = {}
     real_run = ViewerApp.run
@@ -42,6 +43,9 @@ def test_demo_on_a_terminal_runs_the_viewer(tmp_path: Path, monkeypatch: pytest.
 
 def test_demo_no_ui_prints_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("chiptrace.emulator")
-    assert main(["demo", "--seconds", "0.2", "--speed", "2", "--no-ui", "--out", str(tmp_path / "d")]) == 0
+    assert (
+        main(["demo", "--seconds", "0.2", "--speed", "2", "--no-ui", "--out", str(tmp_path / "d")])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "steps" in out and "spans" in out and "next:" in out

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from viewer_helpers import screen_text
+
 from chiptrace.viewer.app import ViewerApp
 from chiptrace.viewer.sources import DirSource
 from chiptrace.viewer.widgets import SpanDetail, SqlConsole, Waterfall, WaterfallRows
-from viewer_helpers import screen_text
 
 
 async def _wait(pilot, cond, tries: int = 600) -> None:  # noqa: ANN001
@@ -58,11 +59,16 @@ def test_waterfall_rows_lazy_at_100k_spans() -> None:
     rng = np.random.default_rng(3)
     start = np.sort(rng.integers(0, 10**9, n))
     chips = pa.array([f"gpu:{i % 8}" for i in range(n)]).dictionary_encode()
-    table = pa.table({
-        "span_id": [f"{i:016x}" for i in range(n)], "name": pa.array(["op"] * n),
-        "start_ns": start, "end_ns": start + 1000, "chip_id": chips,
-        "link_id": pa.nulls(n, pa.string()),
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "span_id": [f"{i:016x}" for i in range(n)],
+            "name": pa.array(["op"] * n),
+            "start_ns": start,
+            "end_ns": start + 1000,
+            "chip_id": chips,
+            "link_id": pa.nulls(n, pa.string()),
+        }
+    )
     rows = WaterfallRows(table, {"0000000000000001"})
     assert len(rows) == n + 8  # spans plus one header per lane
     assert rows.critical.sum() == 1

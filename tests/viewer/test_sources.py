@@ -6,9 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-from chiptrace.viewer.app import ViewerApp
-from chiptrace.viewer.otlp import OtlpSource, parse_address
-from chiptrace.viewer.sources import FeedSource, SpanFeed
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -21,6 +18,9 @@ from chiptrace.config import resolve
 from chiptrace.errors import ConfigError
 from chiptrace.recorder import Recorder, StoreSink
 from chiptrace.store import PartWriter
+from chiptrace.viewer.app import ViewerApp
+from chiptrace.viewer.otlp import OtlpSource, parse_address
+from chiptrace.viewer.sources import FeedSource, SpanFeed
 
 
 def _send_spans(port: int, n: int) -> None:
@@ -30,9 +30,16 @@ def _send_spans(port: int, n: int) -> None:
     tracer = provider.get_tracer("t")
     with tracer.start_as_current_span("step"):
         for i in range(n):
-            with tracer.start_as_current_span("matmul", attributes={
-                    "chip.id": f"gpu:{i % 2}", "chip.type": "gpu", "op.kind": "compute",
-                    "op.flops": 1 << 30, "user.tag": "x"}):  # fmt: skip
+            with tracer.start_as_current_span(
+                "matmul",
+                attributes={
+                    "chip.id": f"gpu:{i % 2}",
+                    "chip.type": "gpu",
+                    "op.kind": "compute",
+                    "op.flops": 1 << 30,
+                    "user.tag": "x",
+                },
+            ):
                 time.sleep(0.001)
     provider.shutdown()
 
@@ -57,7 +64,9 @@ async def test_otlp_http_from_the_sdk_reaches_dashboard_and_store(tmp_path: Path
     finally:
         source.stop()
     con = chiptrace.connect(out)
-    rows = con.sql("SELECT name, chip_id, op_flops, attributes FROM spans WHERE chip_id IS NOT NULL").fetchall()
+    rows = con.sql(
+        "SELECT name, chip_id, op_flops, attributes FROM spans WHERE chip_id IS NOT NULL"
+    ).fetchall()
     assert len(rows) == 6
     assert rows[0][2] == 1 << 30 and '"user.tag":"x"' in rows[0][3]
 
@@ -68,8 +77,11 @@ def test_otlp_rejects_garbage(tmp_path: Path) -> None:
 
     source = OtlpSource("127.0.0.1", 0, out=tmp_path / "o")
     try:
-        req = urllib.request.Request(f"http://127.0.0.1:{source.port}/v1/traces", data=b"\xff\x00garbage",
-                                     headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{source.port}/v1/traces",
+            data=b"\xff\x00garbage",
+            headers={"Content-Type": "application/x-protobuf"},
+        )
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=5)
         assert e.value.code == 400
@@ -92,7 +104,9 @@ async def test_in_process_feed_is_a_recorder_sink(tmp_path: Path) -> None:
     feed = SpanFeed()
     store = tmp_path / "fed"
     writer = PartWriter(store)
-    recorder = Recorder(resolve(dir=store, flush_interval_s=0.05), [StoreSink(writer), feed], writer)
+    recorder = Recorder(
+        resolve(dir=store, flush_interval_s=0.05), [StoreSink(writer), feed], writer
+    )
     app = ViewerApp([FeedSource(store)], feed=feed, window_ns=100_000_000)
     async with app.run_test(size=(80, 24)) as pilot:
         recorder.write_batch(_step(0, 0), block=True)
@@ -143,8 +157,13 @@ async def test_emulator_feeds_the_viewer_in_process(tmp_path: Path) -> None:
     pytest.importorskip("chiptrace.emulator.run")
     from chiptrace.viewer.launch import emulator_app
 
-    app, run = emulator_app(tmp_path / "emu", topology="rack6", workload="train", steps=3,
-                            faults=["degrade:nvlink6:gpu:0-switch:0:0.05"])  # fmt: skip
+    app, run = emulator_app(
+        tmp_path / "emu",
+        topology="rack6",
+        workload="train",
+        steps=3,
+        faults=["degrade:nvlink6:gpu:0-switch:0:0.05"],
+    )
     run.start()
     async with app.run_test(size=(100, 32)) as pilot:
         assert run.done.wait(60) and run.error is None
@@ -194,8 +213,21 @@ def test_cli_view_otlp_no_ui_receives_until_interrupted(tmp_path: Path) -> None:
     import sys
 
     out = tmp_path / "stored"
-    proc = subprocess.Popen([sys.executable, "-m", "chiptrace", "view", "--otlp", "127.0.0.1:0",
-                             "--out", str(out), "--no-ui"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "chiptrace",
+            "view",
+            "--otlp",
+            "127.0.0.1:0",
+            "--out",
+            str(out),
+            "--no-ui",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         port = int(re.search(r":(\d+)/v1/traces", line).group(1))

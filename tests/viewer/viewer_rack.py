@@ -18,8 +18,17 @@ T0 = 1_700_000_000_000_000_000
 STEP_NS = 100_000_000  # 100 ms steps
 OP_NS = 1_000_000  # ops are 1 ms slots
 # chip -> busy fraction (ops fill this share of each 1 ms slot... per step)
-LOAD = {"gpu:0": 0.8, "gpu:1": 0.8, "gpu:2": 0.7, "gpu:3": 0.0, "cpu:0": 0.3, "dpu:0": 0.2,
-        "npu:0": 0.5, "nic:0": 0.4, "switch:0": 0.1}  # fmt: skip
+LOAD = {
+    "gpu:0": 0.8,
+    "gpu:1": 0.8,
+    "gpu:2": 0.7,
+    "gpu:3": 0.0,
+    "cpu:0": 0.3,
+    "dpu:0": 0.2,
+    "npu:0": 0.5,
+    "nic:0": 0.4,
+    "switch:0": 0.1,
+}
 SATURATED = "nvlink6:gpu:0-gpu:1"
 CALM = "pcie5:cpu:0-gpu:0"
 TOPOLOGY = {
@@ -34,17 +43,39 @@ TOPOLOGY = {
 def _step(step: int, seq: int) -> pa.RecordBatch:
     """One step: a root span, back-to-back ops per chip, transfers on both links."""
     t = T0 + step * STEP_NS
-    cols: dict[str, list] = {k: [] for k in ("name", "start_ns", "end_ns", "chip_id", "chip_type",
-                                             "link_id", "link_type", "link_src", "link_dst",
-                                             "op_kind", "op_bytes")}  # fmt: skip
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "name",
+            "start_ns",
+            "end_ns",
+            "chip_id",
+            "chip_type",
+            "link_id",
+            "link_type",
+            "link_src",
+            "link_dst",
+            "op_kind",
+            "op_bytes",
+        )
+    }
 
     def add(name, s, e, chip=None, link=None, kind=None, nbytes=None):  # noqa: ANN001, ANN202
         lk = link.split(":")[0] if link else None
-        src, dst = (link.split(":", 1)[1].split("-") if link else (None, None))
-        for k, v in (("name", name), ("start_ns", s), ("end_ns", e), ("chip_id", chip),
-                     ("chip_type", chip.split(":")[0] if chip else None), ("link_id", link),
-                     ("link_type", lk), ("link_src", src), ("link_dst", dst), ("op_kind", kind),
-                     ("op_bytes", nbytes)):  # fmt: skip
+        src, dst = link.split(":", 1)[1].split("-") if link else (None, None)
+        for k, v in (
+            ("name", name),
+            ("start_ns", s),
+            ("end_ns", e),
+            ("chip_id", chip),
+            ("chip_type", chip.split(":")[0] if chip else None),
+            ("link_id", link),
+            ("link_type", lk),
+            ("link_src", src),
+            ("link_dst", dst),
+            ("op_kind", kind),
+            ("op_bytes", nbytes),
+        ):
             cols[k].append(v)
 
     add("train_step", t, t + STEP_NS)

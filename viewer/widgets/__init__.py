@@ -16,7 +16,17 @@ from chiptrace.viewer.widgets.trace_list import TraceList
 from chiptrace.viewer.widgets.waterfall import Waterfall, WaterfallRows
 
 __all__ = [
-    "AlertPanel", "ChipTypePanel", "Dashboard", "Explorer", "HelpScreen", "LinkPanel",
-    "SlowOpsPanel", "SpanDetail", "SqlConsole", "StatusBar", "TraceList", "Waterfall",
+    "AlertPanel",
+    "ChipTypePanel",
+    "Dashboard",
+    "Explorer",
+    "HelpScreen",
+    "LinkPanel",
+    "SlowOpsPanel",
+    "SpanDetail",
+    "SqlConsole",
+    "StatusBar",
+    "TraceList",
+    "Waterfall",
     "WaterfallRows",
-]  # fmt: skip
+]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from textual.markup import escape
+
 from chiptrace.viewer.alerts import Alert
 from chiptrace.viewer.widgets.panel import Panel
-from textual.markup import escape
 
 _STYLE = {"high": "$error", "medium": "$warning", "low": "$text-muted", "info": "$text-muted"}
 

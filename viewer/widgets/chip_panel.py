@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from chiptrace.viewer.model import SeriesRow
 from chiptrace.viewer.render import bar, percent, sparkline
 from chiptrace.viewer.widgets.panel import Panel

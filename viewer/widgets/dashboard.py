@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+
+from chiptrace.schema import CHIP_TYPES
 from chiptrace.viewer.alerts import Alert
 from chiptrace.viewer.model import Snapshot
 from chiptrace.viewer.widgets.alert_panel import AlertPanel
@@ -9,10 +13,6 @@ from chiptrace.viewer.widgets.chip_panel import ChipTypePanel
 from chiptrace.viewer.widgets.link_panel import LinkPanel
 from chiptrace.viewer.widgets.slow_ops import SlowOpsPanel
 from chiptrace.viewer.widgets.status_bar import StatusBar
-from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical, VerticalScroll
-
-from chiptrace.schema import CHIP_TYPES
 
 
 class Dashboard(Vertical):

@@ -7,10 +7,6 @@ UI never waits on the store.
 from __future__ import annotations
 
 import pyarrow as pa
-from chiptrace.viewer.queries import LiveStore, critical_span_ids
-from chiptrace.viewer.widgets.span_detail import SpanDetail
-from chiptrace.viewer.widgets.trace_list import TraceList
-from chiptrace.viewer.widgets.waterfall import Waterfall, WaterfallRows
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -18,6 +14,10 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from chiptrace.errors import ChiptraceError
+from chiptrace.viewer.queries import LiveStore, critical_span_ids
+from chiptrace.viewer.widgets.span_detail import SpanDetail
+from chiptrace.viewer.widgets.trace_list import TraceList
+from chiptrace.viewer.widgets.waterfall import Waterfall, WaterfallRows
 
 
 class Explorer(Vertical):
@@ -95,8 +95,10 @@ class Explorer(Vertical):
     def on_explorer_trace_loaded(self, msg: TraceLoaded) -> None:
         n = int((msg.rows.rows >= 0).sum())
         crit = int(msg.rows.critical.sum())
-        self._status(f"trace [b]{msg.trace_id[:16]}[/]  {n:,} spans  "
-                     f"[$error]◆[/] {crit} on the critical path  [$text-muted]\\[ ] zoom · c next ◆[/]")  # fmt: skip
+        self._status(
+            f"trace [b]{msg.trace_id[:16]}[/]  {n:,} spans  "
+            f"[$error]◆[/] {crit} on the critical path  [$text-muted]\\[ ] zoom · c next ◆[/]"
+        )
         self.query_one(Waterfall).load(msg.rows)
 
     def on_explorer_failed(self, msg: Failed) -> None:

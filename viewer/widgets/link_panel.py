@@ -37,8 +37,10 @@ class LinkPanel(Panel):
             name = r.id if len(r.id) <= name_w else r.id[: name_w - 1] + "…"
             mark = " " if r.saturation is not None else "[$text-muted]b[/]"
             spark = f" {sparkline(r.history, spark_w)}" if spark_w else ""
-            lines.append(f"{name:<{name_w}} {human_bytes_per_s(r.bytes_per_s):>10} "
-                         f"{bar(load(r), bar_w)}{percent(load(r))}{mark}{spark}")  # fmt: skip
+            lines.append(
+                f"{name:<{name_w}} {human_bytes_per_s(r.bytes_per_s):>10} "
+                f"{bar(load(r), bar_w)}{percent(load(r))}{mark}{spark}"
+            )
         if len(links) > SHOW:
             lines.append(f"[$text-muted]… {len(links) - SHOW:,} more link directions[/]")
         self.set_text("\n".join(lines))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from textual.markup import escape
+
 from chiptrace.viewer.model import SlowSpan
 from chiptrace.viewer.render import human_ns
 from chiptrace.viewer.widgets.panel import Panel
-from textual.markup import escape
 
 
 class SlowOpsPanel(Panel):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from chiptrace.viewer.queries import span_details
-from chiptrace.viewer.render import human_ns
 from textual.markup import escape
 from textual.widgets import Static
+
+from chiptrace.viewer.queries import span_details
+from chiptrace.viewer.render import human_ns
 
 
 class SpanDetail(Static):
@@ -23,6 +24,9 @@ class SpanDetail(Static):
             head.append("[b $error]◆ on the critical path[/]")
         dur = row.get("duration_ns") or (row.get("end_ns", 0) - row.get("start_ns", 0))
         head.append(f"duration [b]{human_ns(dur)}[/]")
-        lines = [f"[$text-muted]{escape(k)}[/] {escape(v[:200])}" for k, v in span_details(row)
-                 if k not in ("name", "duration_ns")]  # fmt: skip
+        lines = [
+            f"[$text-muted]{escape(k)}[/] {escape(v[:200])}"
+            for k, v in span_details(row)
+            if k not in ("name", "duration_ns")
+        ]
         self.update("\n".join(head + lines))

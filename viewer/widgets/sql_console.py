@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pyarrow as pa
-from chiptrace.viewer.queries import LiveStore
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -12,6 +11,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Static
 
 from chiptrace.errors import ChiptraceError
+from chiptrace.viewer.queries import LiveStore
 
 MAX_ROWS = 1000  # rows drawn; DataTable is not for millions, and LIMIT is the user's tool
 EXAMPLE = "SELECT chip_type, count(*) AS spans FROM spans GROUP BY ALL ORDER BY spans DESC"
@@ -62,8 +62,11 @@ class SqlConsole(Vertical):
 
     def compose(self) -> ComposeResult:
         yield SqlInput(placeholder=EXAMPLE, id="sql-input")
-        yield Static("[$text-muted]views: spans, chips, links, runs · macros: utilization(ms), "
-                     "link_throughput(ms) · ↑↓ history[/]", id="sql-status")  # fmt: skip
+        yield Static(
+            "[$text-muted]views: spans, chips, links, runs · macros: utilization(ms), "
+            "link_throughput(ms) · ↑↓ history[/]",
+            id="sql-status",
+        )
         yield DataTable(id="sql-result", zebra_stripes=True)
 
     @on(Input.Submitted, "#sql-input")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from textual.markup import escape
+
 from chiptrace.viewer.model import Snapshot
 from chiptrace.viewer.render import human_count, human_ns
 from chiptrace.viewer.widgets.panel import Panel
-from textual.markup import escape
 
 
 class StatusBar(Panel):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pyarrow as pa
-from chiptrace.viewer.render import human_ns
 from textual.widgets import DataTable
+
+from chiptrace.viewer.render import human_ns
 
 
 class TraceList(DataTable):
@@ -25,7 +26,12 @@ class TraceList(DataTable):
                 keep = None
         self.clear()
         for r in table.to_pylist():
-            self.add_row(r["trace_id"][:12], r["root"] or "-", f"{r['spans']:,}",
-                         human_ns(r["duration_ns"] or 0), key=r["trace_id"])  # fmt: skip
+            self.add_row(
+                r["trace_id"][:12],
+                r["root"] or "-",
+                f"{r['spans']:,}",
+                human_ns(r["duration_ns"] or 0),
+                key=r["trace_id"],
+            )
         if keep is not None and keep in self.rows:
             self.move_cursor(row=self.get_row_index(keep))

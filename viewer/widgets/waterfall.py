@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from chiptrace.viewer.render import human_ns
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
@@ -21,6 +20,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+
+from chiptrace.viewer.render import human_ns
 
 LABEL_MAX = 28
 
@@ -37,15 +38,24 @@ class WaterfallRows:
         self.spans = spans
         n = spans.num_rows
         # Lane per span with Arrow kernels, not a Python loop: chip, else link, else neither.
-        lane_col = pc.coalesce(*(pc.cast(spans[c], pa.string()) for c in ("chip_id", "link_id")),
-                               pa.scalar("(no chip)"))  # fmt: skip
-        enc = (lane_col.combine_chunks() if isinstance(lane_col, pa.ChunkedArray) else lane_col).dictionary_encode()
+        lane_col = pc.coalesce(
+            *(pc.cast(spans[c], pa.string()) for c in ("chip_id", "link_id")),
+            pa.scalar("(no chip)"),
+        )
+        enc = (
+            lane_col.combine_chunks() if isinstance(lane_col, pa.ChunkedArray) else lane_col
+        ).dictionary_encode()
         names = np.array(enc.dictionary.to_pylist(), dtype=object)
         lane_idx = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         # Chips first, then links, then spans on neither (roots, host code).
-        kind = np.array([0 if not str(x).startswith("(") and ":" in str(x) and
-                         str(x).split(":")[0] in _CHIPS else (2 if str(x).startswith("(") else 1)
-                         for x in names])  # fmt: skip
+        kind = np.array(
+            [
+                0
+                if not str(x).startswith("(") and ":" in str(x) and str(x).split(":")[0] in _CHIPS
+                else (2 if str(x).startswith("(") else 1)
+                for x in names
+            ]
+        )
         lane_order = np.lexsort((names.astype(str), kind))
         rank = np.empty_like(lane_order)
         rank[lane_order] = np.arange(len(lane_order))
@@ -56,13 +66,18 @@ class WaterfallRows:
         first = np.r_[True, lane_of_sorted[1:] != lane_of_sorted[:-1]] if n else np.zeros(0, bool)
         # One header row before each lane's first span.
         self.rows = np.insert(order, np.flatnonzero(first), -1)
-        self.header_lane = {int(i + k): str(names[lane_order[lane_of_sorted[i]]])
-                            for k, i in enumerate(np.flatnonzero(first))}  # fmt: skip
+        self.header_lane = {
+            int(i + k): str(names[lane_order[lane_of_sorted[i]]])
+            for k, i in enumerate(np.flatnonzero(first))
+        }
         self.lane_counts = np.bincount(lane_of_sorted, minlength=len(names)) if n else np.zeros(0)
         self.names = spans["name"]  # read per visible row, not converted up front
         crit = pa.array(sorted(critical or ()), pa.string())
-        self.critical = pc.is_in(pc.cast(spans["span_id"], pa.string()), value_set=crit).to_numpy(
-            zero_copy_only=False).astype(bool)  # fmt: skip
+        self.critical = (
+            pc.is_in(pc.cast(spans["span_id"], pa.string()), value_set=crit)
+            .to_numpy(zero_copy_only=False)
+            .astype(bool)
+        )
         self.t0 = int(self.start.min()) if n else 0
         self.t1 = int(self.end.max()) if n else 1
         # Lane (Gantt) mode: each lane's spans in start order, and where each span sits.
@@ -75,7 +90,9 @@ class WaterfallRows:
         for k, idx in enumerate(self.lane_spans):
             self.lane_of[idx] = k
             self.row_of[idx] = np.arange(bounds[k] + 1, bounds[k + 1])
-        self.critical_order = np.flatnonzero(self.critical)[np.argsort(self.start[self.critical], kind="stable")]
+        self.critical_order = np.flatnonzero(self.critical)[
+            np.argsort(self.start[self.critical], kind="stable")
+        ]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -111,9 +128,13 @@ class Waterfall(ScrollView, can_focus=True):
         Binding("g", "toggle_lanes", "Lanes/spans"),
     ]
     COMPONENT_CLASSES = {
-        "waterfall--bar", "waterfall--critical", "waterfall--cursor",
-        "waterfall--lane", "waterfall--label", "waterfall--axis",
-    }  # fmt: skip
+        "waterfall--bar",
+        "waterfall--critical",
+        "waterfall--cursor",
+        "waterfall--lane",
+        "waterfall--label",
+        "waterfall--axis",
+    }
 
     lanes = reactive(True)
 
@@ -139,7 +160,11 @@ class Waterfall(ScrollView, can_focus=True):
         self.view = (data.t0, max(data.t1, data.t0 + 1))
         self._resize_virtual()
         self.scroll_to(0, 0, animate=False)
-        first = data.critical_order[0] if len(data.critical_order) else (data.rows[1] if len(data) > 1 else -1)
+        first = (
+            data.critical_order[0]
+            if len(data.critical_order)
+            else (data.rows[1] if len(data) > 1 else -1)
+        )
         self._select(int(first))
 
     def _n_rows(self) -> int:
@@ -262,8 +287,11 @@ class Waterfall(ScrollView, can_focus=True):
         lo, hi = self.view
         spans = spans[(d.start[spans] <= hi) & (d.end[spans] >= lo)]
         state = np.zeros(bar_w + 1, dtype=np.int8)  # 0 idle, 1 busy, 2 critical, 3 selected
-        for level, idx in ((1, spans), (2, spans[d.critical[spans]]),
-                           (3, spans[spans == self.selected])):  # fmt: skip
+        for level, idx in (
+            (1, spans),
+            (2, spans[d.critical[spans]]),
+            (3, spans[spans == self.selected]),
+        ):
             if len(idx):
                 a, b = self._columns(idx, bar_w)
                 diff = np.zeros(bar_w + 1, dtype=np.int64)
@@ -271,9 +299,12 @@ class Waterfall(ScrollView, can_focus=True):
                 np.add.at(diff, b, -1)
                 state[np.cumsum(diff) > 0] = level
         base = self.rich_style
-        styles = {0: base, 1: self.get_component_rich_style("waterfall--bar") + Style(bgcolor=base.bgcolor),
-                  2: self.get_component_rich_style("waterfall--critical") + Style(bgcolor=base.bgcolor),
-                  3: self.get_component_rich_style("waterfall--cursor")}  # fmt: skip
+        styles = {
+            0: base,
+            1: self.get_component_rich_style("waterfall--bar") + Style(bgcolor=base.bgcolor),
+            2: self.get_component_rich_style("waterfall--critical") + Style(bgcolor=base.bgcolor),
+            3: self.get_component_rich_style("waterfall--cursor"),
+        }
         label_style = self.get_component_rich_style("waterfall--lane")
         if lane == self.cursor:
             label_style += self.get_component_rich_style("waterfall--cursor")
@@ -296,7 +327,9 @@ class Waterfall(ScrollView, can_focus=True):
         pad = max(width - len(text) - len(axis), 1)
         style = self.get_component_rich_style("waterfall--lane")
         axis_style = self.get_component_rich_style("waterfall--axis")
-        return Strip([Segment(text + " " * pad, style), Segment(axis, axis_style)]).crop_extend(0, width, style)
+        return Strip([Segment(text + " " * pad, style), Segment(axis, axis_style)]).crop_extend(
+            0, width, style
+        )
 
     def _span_line(self, row: int, i: int, width: int) -> Strip:
         d = self.data
@@ -310,7 +343,9 @@ class Waterfall(ScrollView, can_focus=True):
         if d.end[i] < lo or d.start[i] > hi:
             a = b = 0
         base = self.rich_style
-        bar_style = self.get_component_rich_style("waterfall--critical" if crit else "waterfall--bar")
+        bar_style = self.get_component_rich_style(
+            "waterfall--critical" if crit else "waterfall--bar"
+        )
         label_style = self.get_component_rich_style("waterfall--label")
         if i == self.selected:
             cursor = self.get_component_rich_style("waterfall--cursor")
