@@ -121,6 +121,19 @@ def parse_chip(chip_id: str) -> Chip:
     return Chip(chip_id, chip_type)
 
 
+def chip_type_of(chip_id: object) -> str | None:
+    """The chip type a chip id names (`gpu:3` and `node1/gpu:3` -> `gpu`), or None.
+
+    Lenient where `parse_chip` is strict: spans that enter the store from elsewhere (the
+    collector, importers) carry `chip.id` without `chip.type`, and a value that names no known
+    type must cost that span its type, not the batch.
+    """
+    if not isinstance(chip_id, str):
+        return None
+    chip_type, sep, index = chip_id.rsplit("/", 1)[-1].partition(":")
+    return chip_type if sep and index and chip_type in CHIP_TYPES else None
+
+
 def parse_link(link: str) -> Link:
     """Parse `TYPE`, or `TYPE:SRC-DST` / `TYPE:SRC->DST` with SRC and DST chip ids.
 
