@@ -17,11 +17,12 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
+from chiptrace.collector.wire import DEFAULT_CACHE_BYTES
 from chiptrace.errors import ConfigError
 
 DEFAULT_MAX_MEMORY = 1 << 30
-# The interpreter, pyarrow, protobuf and grpc loaded, threads started: measured ~130 MiB RSS
-# for an idle `chiptrace collect`; the rest of the ceiling is what input may use.
+# Not for input: an idle `chiptrace collect` (interpreter, pyarrow, protobuf, grpc, threads)
+# measured 94 MiB RSS; the rest is for allocator slack (freed memory not yet returned).
 BASE_BYTES = 192 << 20
 MIN_MAX_MEMORY = 384 << 20
 # What decoding costs per byte of request body, on top of the body, at its peak: measured
@@ -36,20 +37,23 @@ _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 class MemoryPlan:
     """Bytes each part of the collector may hold under a ceiling of `total`.
 
-    Requests and the spool get 2/5 each of what the base leaves, the caches 1/32 of the
-    total; the remainder is headroom for writing a part (Parquet encodes a copy of at most
-    `flush_bytes`).
+    The decode caches hold their fixed 32 MiB (wire.DEFAULT_CACHE_BYTES); requests and the
+    spool get 2/5 each of what the base and the caches leave; the remaining 1/5 is headroom
+    for writing a part (Parquet encodes a copy of at most `flush_bytes`).
     """
 
     total: int
 
     @classmethod
     def for_ceiling(cls, total: int) -> MemoryPlan:
-        """Raises:
-        ConfigError: a ceiling too small to run in."""
+        """The plan for a ceiling of `total` bytes.
+
+        Raises:
+            ConfigError: a ceiling too small to run in.
+        """
         if total < MIN_MAX_MEMORY:
             raise ConfigError(
-                f"--max-memory {total >> 20} MiB: expected at least {MIN_MAX_MEMORY >> 20} MiB"
+                f"--max-memory-mb {total >> 20}: expected at least {MIN_MAX_MEMORY >> 20}"
             )
         return cls(total)
 
@@ -72,7 +76,7 @@ class MemoryPlan:
 
     @property
     def caches(self) -> int:
-        return self.total // 32
+        return DEFAULT_CACHE_BYTES
 
 
 class BudgetExhausted(Exception):

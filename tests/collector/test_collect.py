@@ -105,6 +105,33 @@ def stored(out: Path) -> dict[str, dict]:
     return {r["span_id"]: r for r in con.sql("SELECT * FROM spans").to_arrow_table().to_pylist()}
 
 
+def start_collect(out: Path, *flags: str, command: str = "collect") -> tuple[Any, str]:
+    """`chiptrace collect --listen 127.0.0.1:0 --out OUT FLAGS` (or `view --otlp`) in a
+    process; returns it and its OTLP/HTTP URL, read from its first line."""
+    listen = (
+        ["--otlp", "127.0.0.1:0", "--no-ui"] if command == "view" else ["--listen", "127.0.0.1:0"]
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chiptrace", command, *listen, "--out", str(out), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    found = re.search(r"http://\S+/v1/traces", line)
+    if not found:
+        proc.kill()
+        raise AssertionError(f"no URL in {line!r}: {proc.communicate()[1][-2000:]}")
+    return proc, found.group()
+
+
+def stored_count_said(err: str) -> int:
+    """N from the exit line's `stored N spans`."""
+    said = re.search(r"stored ([\d,]+) spans", err)
+    assert said, err[-2000:]
+    return int(said.group(1).replace(",", ""))
+
+
 def run_sender(*args: str) -> list[dict]:
     proc = subprocess.run(
         [sys.executable, str(SENDER), *args], capture_output=True, text=True, timeout=120
@@ -293,12 +320,6 @@ def test_receiver_class_reusable_with_a_callback() -> None:
     assert sum(b.num_rows for b in got) == 4 and r.stats.spans == 4
 
 
-SIGNALLED = {
-    "collect": ["collect", "--listen", "127.0.0.1:0", "--flush-interval", "60"],
-    "view": ["view", "--otlp", "127.0.0.1:0", "--no-ui"],
-}
-
-
 @pytest.mark.parametrize(
     ("command", "sig"),
     [("collect", signal.SIGTERM), ("view", signal.SIGTERM), ("view", signal.SIGINT)],
@@ -309,13 +330,8 @@ def test_a_signal_keeps_every_acknowledged_span(
     """`collect` and `view --otlp --out DIR` stop on SIGTERM / SIGINT with every span they
     acknowledged stored, and say how many they stored."""
     out = tmp_path / "sig"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "chiptrace", *SIGNALLED[command], "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = re.search(r"http://\S+/v1/traces", proc.stdout.readline()).group()
+    flags = ["--flush-interval", "60"] if command == "collect" else []
+    proc, url = start_collect(out, *flags, command=command)
     acked: list[int] = []
     stop = threading.Event()
 
@@ -343,8 +359,7 @@ def test_a_signal_keeps_every_acknowledged_span(
     assert proc.returncode == 0, err[-2000:]
     ids = {int(k, 16) for k in stored(out)}
     assert set(acked) <= ids and len(acked) >= 1000
-    said = re.search(r"stored ([\d,]+) spans", err)
-    assert said and int(said.group(1).replace(",", "")) == len(ids), err[-2000:]
+    assert stored_count_said(err) == len(ids)
 
 
 def test_a_failing_callback_is_503_and_the_receiver_goes_on() -> None:
@@ -369,4 +384,13 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "unknown key 'planet'" in capsys.readouterr().err
     assert main(["collect", "--out", str(tmp_path / "x"), "--listen", "127.0.0.1:99999"]) == 2
     assert "--listen '127.0.0.1:99999'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    for flags, said in (
+        (["--max-memory-mb", "100"], "--max-memory-mb 100: expected at least 384"),
+        (["--flush-spans", "0"], "--flush-spans 0: expected a positive number"),
+        (["--read-timeout", "-1"], "--read-timeout -1.0: expected a positive number"),
+    ):
+        assert main(["collect", "--out", str(tmp_path / "x"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()

@@ -7,11 +7,9 @@ The disk is a small tmpfs, mounted for the test (root only; skipped otherwise).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,7 +22,13 @@ import pytest
 from chiptrace.collector.sink import PartitionedStoreSink
 from chiptrace.collector.spool import Spool, SpoolLimits, StoreUnavailable
 from chiptrace.store import PartWriter
-from tests.collector.test_collect import post, sample_request, stored
+from tests.collector.test_collect import (
+    post,
+    sample_request,
+    start_collect,
+    stored,
+    stored_count_said,
+)
 from tests.collector.test_spool import spans, stored_ids, wait_for
 
 
@@ -63,16 +67,7 @@ def big_request(first: int, n: int = 100) -> bytes:
 
 def test_full_disk_is_refused_and_every_acknowledged_span_stored(small_disk: Path) -> None:
     out = small_disk / "trace"
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "chiptrace", "collect", "--listen", "127.0.0.1:0"),
-            *("--out", str(out), "--flush-interval", "0.2", "--min-free-mb", "1"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = proc.stdout.readline().split()[3]
+    proc, url = start_collect(out, "--flush-interval", "0.2", "--min-free-mb", "1")
     acked: list[int] = []
     refusals: list[tuple[str | None, str]] = []
 
@@ -104,8 +99,7 @@ def test_full_disk_is_refused_and_every_acknowledged_span_stored(small_disk: Pat
     assert any("nearly full" in text for _, text in refusals)
     rows = stored(out)
     assert set(acked) <= {int(k, 16) for k in rows}
-    said = re.search(r"stored ([\d,]+) spans", err)
-    assert said and int(said.group(1).replace(",", "")) == len(rows)
+    assert stored_count_said(err) == len(rows)
 
 
 def test_a_write_that_hits_a_full_disk_is_kept_and_retried(small_disk: Path) -> None:
@@ -132,16 +126,7 @@ def test_a_write_that_hits_a_full_disk_is_kept_and_retried(small_disk: Path) -> 
 
 def test_exit_says_what_could_not_be_written_and_is_nonzero(small_disk: Path) -> None:
     out = small_disk / "trace"
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "chiptrace", "collect", "--listen", "127.0.0.1:0"),
-            *("--out", str(out), "--flush-interval", "3600", "--min-free-mb", "0"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = proc.stdout.readline().split()[3]
+    proc, url = start_collect(out, "--flush-interval", "3600", "--min-free-mb", "0")
     assert post(url, sample_request(5, 1))[0] == 200  # taken while there was room
     fill(small_disk / "filler")
     proc.send_signal(signal.SIGTERM)

@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from chiptrace.collector.receiver import OtlpReceiver
 from chiptrace.collector.spool import StoreUnavailable
 from tests.collector.test_collect import GRPC_METHOD, Collector, post, sample_request, stored
+from tests.collector.test_decode import _len
 
 HEAD = "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
 
@@ -119,15 +120,6 @@ def test_deep_nesting_is_400_not_500(collector: Collector) -> None:
     rs = b"\x12" + _len(ss) + ss
     assert post(collector.url, b"\x0a" + _len(rs) + rs)[0] == 400
     assert post(collector.url, sample_request(1, 5))[0] == 200
-
-
-def _len(b: bytes) -> bytes:
-    n, out = len(b), bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def test_a_json_body_without_resource_spans_is_answered_with_a_hint(

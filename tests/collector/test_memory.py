@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.collector.test_collect import stored
+from tests.collector.test_collect import start_collect, stored
 
 pytestmark = [
     pytest.mark.load,
@@ -57,16 +55,7 @@ def peak_rss(pid: int) -> int:
 
 def test_a_flood_of_10mb_attributes_stays_under_the_memory_ceiling(tmp_path: Path) -> None:
     out = tmp_path / "flood"
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "chiptrace", "collect", "--listen", "127.0.0.1:0"),
-            *("--out", str(out), "--flush-interval", "0.5"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = proc.stdout.readline().split()[3]
+    proc, url = start_collect(out, "--flush-interval", "0.5")
     peak = [0]
 
     def sample() -> None:
