@@ -197,6 +197,13 @@ class StopFlag:
 
 
 def stop_on_signals(flag: StopFlag) -> None:
-    """Make SIGTERM and SIGINT set `flag` (call from the main thread)."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    """Make SIGTERM and SIGINT set `flag` (call from the main thread).
+
+    Also when the parent ignored or blocked them, which a child inherits: Python then
+    installs no KeyboardInterrupt for SIGINT (a `cmd &` from a script, a test runner that
+    ignores SIGINT), and `view --otlp` used to run on after SIGINT.
+    """
+    stops = (signal.SIGTERM, signal.SIGINT)
+    for sig in stops:
         signal.signal(sig, flag.set)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)

@@ -105,14 +105,20 @@ def stored(out: Path) -> dict[str, dict]:
     return {r["span_id"]: r for r in con.sql("SELECT * FROM spans").to_arrow_table().to_pylist()}
 
 
-def start_collect(out: Path, *flags: str, command: str = "collect") -> tuple[Any, str]:
+def start_collect(
+    out: Path, *flags: str, command: str = "collect", ignore_sigint: bool = False
+) -> tuple[Any, str]:
     """`chiptrace collect --listen 127.0.0.1:0 --out OUT FLAGS` (or `view --otlp`) in a
-    process; returns it and its OTLP/HTTP URL, read from its first line."""
+    process; returns it and its OTLP/HTTP URL, read from its first line. `ignore_sigint`
+    starts it with SIGINT ignored, as a shell's background job is."""
     listen = (
         ["--otlp", "127.0.0.1:0", "--no-ui"] if command == "view" else ["--listen", "127.0.0.1:0"]
     )
+    argv = [sys.executable, "-m", "chiptrace", command, *listen, "--out", str(out), *flags]
+    if ignore_sigint:
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chiptrace", command, *listen, "--out", str(out), *flags],
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -321,17 +327,23 @@ def test_receiver_class_reusable_with_a_callback() -> None:
 
 
 @pytest.mark.parametrize(
-    ("command", "sig"),
-    [("collect", signal.SIGTERM), ("view", signal.SIGTERM), ("view", signal.SIGINT)],
+    ("command", "sig", "ignored"),
+    [
+        ("collect", signal.SIGTERM, False),
+        ("view", signal.SIGTERM, False),
+        ("view", signal.SIGINT, False),
+        ("view", signal.SIGINT, True),
+    ],
 )
 def test_a_signal_keeps_every_acknowledged_span(
-    tmp_path: Path, command: str, sig: signal.Signals
+    tmp_path: Path, command: str, sig: signal.Signals, ignored: bool
 ) -> None:
     """`collect` and `view --otlp --out DIR` stop on SIGTERM / SIGINT with every span they
-    acknowledged stored, and say how many they stored."""
+    acknowledged stored, and say how many they stored; SIGINT too when the parent ignored
+    it (view --otlp ran on forever then, and its test waited out its timeout)."""
     out = tmp_path / "sig"
     flags = ["--flush-interval", "60"] if command == "collect" else []
-    proc, url = start_collect(out, *flags, command=command)
+    proc, url = start_collect(out, *flags, command=command, ignore_sigint=ignored)
     acked: list[int] = []
     stop = threading.Event()
 
