@@ -175,6 +175,11 @@ class OtlpReceiver:
         return f"http://{self._http_addr[0]}:{self.http_port}{TRACES_PATH}"
 
     @property
+    def http_connections(self) -> int:
+        """HTTP connections open now (each holds a thread until it closes or times out)."""
+        return self._httpd.connections if self._httpd is not None else 0
+
+    @property
     def grpc_target(self) -> str | None:
         """`HOST:PORT` of the gRPC server once started with gRPC."""
         if not self.grpc_port or not self._grpc_addr:

@@ -53,6 +53,8 @@ class CollectOptions:
         Raises:
             ConfigError: a setting out of range, naming the flag and the value.
         """
+        if not self.http and not self.grpc:
+            raise ConfigError("--listen none without --grpc: nothing to receive on")
         for flag, addr, port in (("--listen", self.http, 4318), ("--grpc", self.grpc, 4317)):
             if addr:
                 parse_address(flag, addr, port)

@@ -401,6 +401,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["--max-memory-mb", "100"], "--max-memory-mb 100: expected at least 384"),
         (["--flush-spans", "0"], "--flush-spans 0: expected a positive number"),
         (["--read-timeout", "-1"], "--read-timeout -1.0: expected a positive number"),
+        (["--listen", "none"], "--listen none without --grpc: nothing to receive on"),
     ):
         assert main(["collect", "--out", str(tmp_path / "x"), *flags]) == 2
         err = capsys.readouterr().err

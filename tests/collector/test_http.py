@@ -97,11 +97,10 @@ def test_stalled_clients_are_closed_and_release_their_threads(collector: Collect
         while s.recv(4096):
             pass
         s.close()
-    server = collector.receiver._httpd
     deadline = time.monotonic() + 30
-    while server.connections and time.monotonic() < deadline:
+    while collector.receiver.http_connections and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert server.connections == 0
+    assert collector.receiver.http_connections == 0
     assert post(collector.url, sample_request(2, 9))[0] == 200  # and it still serves
 
 
@@ -191,7 +190,7 @@ def test_connections_past_the_cap_get_503(tmp_path: Path) -> None:
     idle = [socket.create_connection(("127.0.0.1", c.receiver.http_port)) for _ in range(3)]
     try:
         deadline = time.monotonic() + 30
-        while c.receiver._httpd.connections < 3 and time.monotonic() < deadline:
+        while c.receiver.http_connections < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert exchange(c.receiver.http_port, b"")[0] == 503
     finally:
