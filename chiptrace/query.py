@@ -124,9 +124,11 @@ def attach_views(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> None:
     """(Re)create the span views over `parts`; an empty list gives empty views."""
     if parts:
         files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in parts)
+        # Columns come from the files, never from `key=value` folder names: DuckDB would
+        # otherwise replace `host`/`service` with the (escaped, bounded) partition folder's.
         con.execute(
             f"CREATE OR REPLACE VIEW spans_raw AS SELECT {', '.join(COLUMNS)} "
-            f"FROM read_parquet([{files}], union_by_name = true)"
+            f"FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false)"
         )
     else:
         con.register("_empty_spans", SPAN_SCHEMA.empty_table())
