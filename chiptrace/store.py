@@ -136,7 +136,12 @@ class PartWriter:
             "argv": list(sys.argv),
             **(manifest or {}),
         }
-        self.write_manifest()
+        try:
+            self.write_manifest()
+        except OSError as e:  # a full disk at start: one line, not a traceback
+            raise StoreError(
+                f"cannot write to trace dir {self.directory}: {e.strerror or e}"
+            ) from e
 
     def write(self, batch: pa.RecordBatch | pa.Table, partition: str | None = None) -> Path:
         """Write one part; returns its path. Thread-safe."""
@@ -157,19 +162,29 @@ class PartWriter:
         return path
 
     def write_manifest(self, **updates: Any) -> None:
-        """Replace this writer's manifest atomically with current counts and `updates`."""
-        self.manifest.update(updates)
-        self.manifest.update(
-            spans_written=self.spans_written,
-            parts_written=self.parts_written,
-            bytes_written=self.bytes_written,
-            updated_unix_ns=time.time_ns(),
-        )
-        if self.table != SPANS_DIR:
-            self.manifest.update(table=self.table, rows_written=self.rows_written)
-        path = self.directory / MANIFEST_DIR / f"{self.writer_id}.json"
-        text = json.dumps(self.manifest, indent=1, default=str)
-        write_atomic(path, lambda tmp: tmp.write_text(text))
+        """Replace this writer's manifest atomically with current counts and `updates`.
+
+        Raises:
+            OSError: the manifest cannot be written (a full disk, a read-only dir).
+        """
+        with self._lock:  # the counters and the manifest change together, never half
+            self.manifest.update(updates)
+            self.manifest.update(
+                spans_written=self.spans_written,
+                parts_written=self.parts_written,
+                bytes_written=self.bytes_written,
+                updated_unix_ns=time.time_ns(),
+            )
+            if self.table != SPANS_DIR:
+                self.manifest.update(table=self.table, rows_written=self.rows_written)
+            path = self.directory / MANIFEST_DIR / f"{self.writer_id}.json"
+            text = json.dumps(self.manifest, indent=1, default=str)
+            write_atomic(path, lambda tmp: tmp.write_text(text))
+
+    def close(self, **updates: Any) -> None:
+        """Record that this writer has finished (`ended_unix_ns`): a viewer following the
+        directory shows the run as ENDED once every writer has."""
+        self.write_manifest(ended_unix_ns=time.time_ns(), **updates)
 
 
 # ---------------------------------------------------------------- reading
