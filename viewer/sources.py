@@ -88,17 +88,19 @@ class Source(Protocol):
 def read_part(path: Path) -> pa.Table | None:
     """One part as a span table, or None (with a warning) when it cannot be read."""
     try:
-        if check_part(path):
-            log.warning("chiptrace: skipping unreadable part %s", path)
+        reason = check_part(path)
+        if reason:
+            log.warning("chiptrace: skipping unreadable part %s: %s", path, reason)
             return None
-        table = pq.read_table(path)
+        table = pq.read_table(path)  # decodes every page: a corrupt one fails here
+        missing = [f for f in SPAN_SCHEMA if f.name not in table.column_names]
+        for f in missing:  # an older part without a newer nullable column
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+        # Another writer's widths and encodings (int32 pids, plain strings) as ours.
+        return table.select(SPAN_SCHEMA.names).cast(SPAN_SCHEMA)
     except (OSError, pa.ArrowException) as e:
-        log.warning("chiptrace: skipping part %s: %s", path, e)
+        log.warning("chiptrace: skipping part %s: %s", path, str(e).splitlines()[0])
         return None
-    missing = [f for f in SPAN_SCHEMA if f.name not in table.column_names]
-    for f in missing:  # an older part without a newer nullable column
-        table = table.append_column(f, pa.nulls(table.num_rows, f.type))
-    return table.select(SPAN_SCHEMA.names)
 
 
 class DirSource:
