@@ -13,6 +13,7 @@ import atexit
 import collections
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -30,6 +31,16 @@ from chiptrace.store import PartWriter
 log = logging.getLogger("chiptrace")
 
 _POLL_S = 0.05
+
+
+def _why(e: BaseException) -> str:
+    """An OS error's plain reason ("No space left on device"); pyarrow's own OSErrors
+    carry the errno only inside their message."""
+    code = getattr(e, "errno", None)
+    found = re.search(r"\[errno (\d+)\]", str(e), re.IGNORECASE)
+    if code is None and found:
+        code = int(found.group(1))
+    return os.strerror(code) if code else str(e).splitlines()[0]
 
 
 class SpanSink(Protocol):
@@ -197,7 +208,7 @@ class Recorder:
                 self.sink_errors += 1
                 if i == 0:
                     self.drop(batch.num_rows)
-                    self.store_error = self.store_error or str(getattr(e, "strerror", None) or e)
+                    self.store_error = self.store_error or _why(e)
                 # One line when a sink starts failing (a full disk fails every flush).
                 if i not in self._failing:
                     self._failing.add(i)
