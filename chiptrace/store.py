@@ -59,17 +59,27 @@ def new_writer_id(host: str | None = None) -> str:
     return f"{_host_token(host or socket.gethostname())}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+def temp_path(path: Path) -> Path:
+    """A hidden temporary name beside `path` (readers skip dot files)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+
+
+def commit_temp(tmp: Path, path: Path) -> None:
+    """fsync a finished temporary file, then rename it to `path` in one step."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 def write_atomic(path: Path, write: Any) -> None:
     """Call write(tmp_path), fsync, then rename to path: readers see all of it or none."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp = temp_path(path)
     try:
         write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        commit_temp(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
