@@ -328,8 +328,10 @@ _TEMP = re.compile(
 STALE_TEMP_S = 3600.0
 
 
-def _writer_gone(host: str, pid: int) -> bool:
-    if host != _host_token(socket.gethostname()):
+def writer_gone(host: str, pid: int) -> bool:
+    """Whether the writer process `pid` on `host` has exited (False when it cannot tell:
+    another host's writer)."""
+    if _host_token(host) != _host_token(socket.gethostname()):
         return False  # another host's writer: only its age tells
     try:
         os.kill(pid, 0)
@@ -358,7 +360,7 @@ def remove_stale_temps(directory: Path, older_than_s: float = STALE_TEMP_S) -> l
             m = _TEMP.match(path.name)
             try:
                 old = now - path.stat().st_mtime > older_than_s
-                if old or (m and _writer_gone(m["host"], int(m["pid"]))):
+                if old or (m and writer_gone(m["host"], int(m["pid"]))):
                     path.unlink()
                     removed.append(path)
             except OSError:
