@@ -157,6 +157,52 @@ def _attribute_columns(
     return attr_json, overrides
 
 
+def _checked_columns(field: dict[str, list[Any]], bad: dict[int, str]) -> dict[str, Any]:
+    """The columns whose values come from the user (names, status, kind, end time,
+    events, links), converted; the rows whose value does not convert are marked bad."""
+    names = _column(field["name"], lambda v: pa.array(v, _DICT), "name (a string)", "", bad)
+    for i in np.flatnonzero(names.is_null()).tolist() if names.null_count else ():
+        bad.setdefault(i, "name=None: expected a string")
+    return {
+        "name": names,
+        "status_message": _column(
+            field["status_message"],
+            lambda v: pa.array(v, pa.string()),
+            "status_description (a string)",
+            None,
+            bad,
+        ),
+        "kind": _column(field["kind"], _ints(np.int8), "kind (a span kind, 0-5)", 0, bad),
+        "end_ns": _column(field["end_ns"], _ints(np.int64), "end_time (integer Unix ns)", 0, bad),
+        "events": _column(
+            field["events"],
+            lambda v: [_json_events(e) if e else None for e in v],
+            "events",
+            None,
+            bad,
+        ),
+        "links": _column(
+            field["links"],
+            lambda v: [_json_links(lk) if lk else None for lk in v],
+            "links",
+            None,
+            bad,
+        ),
+    }
+
+
+def _override(columns: dict[str, Any], overrides: dict[str, dict[int, Any]], n: int) -> None:
+    """Typed attributes set on a span win over its decorator's tag columns."""
+    for col, values in overrides.items():
+        if not values:
+            continue
+        base = columns.get(col)
+        merged = base.to_pylist() if isinstance(base, pa.Array) else [None] * n
+        for i, v in values.items():
+            merged[i] = v
+        columns[col] = merged
+
+
 def rows_to_batch(
     rows: Sequence[Any], constants: Mapping[str, Any]
 ) -> tuple[pa.RecordBatch, dict[int, str]]:
@@ -178,26 +224,9 @@ def rows_to_batch(
         return empty_batch(), {}
     field = {f: list(map(operator.attrgetter(f), rows)) for f in _FIELD_NAMES}
     bad: dict[int, str] = {}
-    names = _column(field["name"], lambda v: pa.array(v, _DICT), "name (a string)", "", bad)
-    for i in np.flatnonzero(names.is_null()).tolist() if names.null_count else ():
-        bad.setdefault(i, "name=None: expected a string")
-    status_messages = _column(
-        field["status_message"],
-        lambda v: pa.array(v, pa.string()),
-        "status_description (a string)",
-        None,
-        bad,
-    )
-    kinds = _column(field["kind"], _ints(np.int8), "kind (a span kind, 0-5)", 0, bad)
-    ends = _column(field["end_ns"], _ints(np.int64), "end_time (integer Unix ns)", 0, bad)
+    checked = _checked_columns(field, bad)
     tag_cols, uniq, tag_idx = _tag_columns(field["tags"])
     attr_json, overrides = _attribute_columns(field["attributes"], uniq, tag_idx, bad)
-    events = _column(
-        field["events"], lambda v: [_json_events(e) if e else None for e in v], "events", None, bad
-    )
-    links = _column(
-        field["links"], lambda v: [_json_links(lk) if lk else None for lk in v], "links", None, bad
-    )
     for i in bad:  # left out below: no typed override needs to convert for them
         for values in overrides.values():
             values.pop(i, None)
@@ -205,26 +234,14 @@ def rows_to_batch(
         "trace_id": trace_ids_to_binary(field["trace_id"]),
         "span_id": ids_to_binary(field["span_id"]),
         "parent_span_id": ids_to_binary(field["parent_id"], zero_is_null=True),
-        "name": names,
-        "kind": kinds,
         "start_ns": np.fromiter(field["start_ns"], np.int64, n),
-        "end_ns": ends,
         "status_code": np.fromiter(field["status_code"], np.int8, n),
-        "status_message": status_messages,
         "attributes": attr_json,
-        "events": events,
-        "links": links,
+        **checked,
         **tag_cols,
         **constants,
     }
-    for col, values in overrides.items():
-        if not values:
-            continue
-        base = columns.get(col)
-        merged = base.to_pylist() if isinstance(base, pa.Array) else [None] * n
-        for i, v in values.items():
-            merged[i] = v
-        columns[col] = merged
+    _override(columns, overrides, n)
     batch = batch_from_columns(columns, n)
     if bad:
         keep = np.ones(n, dtype=bool)

@@ -69,6 +69,50 @@ _HOST_SQL = "coalesce(nullif(host, ''), 'host')"
 # The last nanosecond inside a span (its start when it has no length).
 _LAST_NS = "greatest({t}.start_ns, {t}.end_ns - 1)"
 
+# Flow arrows: the edges (each span link; each child of a transfer), the two spans of each,
+# the earlier one as the source (`fwd`), and the instants the arrow leaves and lands.
+_FLOWS_SQL = f"""
+WITH edges AS (
+    SELECT 'parent' AS via, s.trace_id AS ta, s.parent_span_id AS a,
+           s.trace_id AS tb, s.span_id AS b
+    FROM selected s WHERE s.parent_span_id IS NOT NULL
+    UNION ALL
+    SELECT 'link', coalesce(from_hex(nullif(lk ->> 'trace_id', '')), dt),
+           from_hex(lk ->> 'span_id'), dt, ds
+    FROM (SELECT s.trace_id AS dt, s.span_id AS ds, unnest(json_extract(s.links, '$[*]')) AS lk
+          FROM selected s WHERE s.links IS NOT NULL AND json_valid(s.links)
+          AND json_type(s.links) = 'ARRAY')
+    WHERE regexp_full_match(coalesce(lk ->> 'span_id', ''), '([0-9a-fA-F]{{2}})+')
+      AND regexp_full_match(coalesce(lk ->> 'trace_id', ''), '(([0-9a-fA-F]{{2}})+)?')
+),
+pairs AS (
+    SELECT e.ta, e.a, e.tb, e.b,
+           x.start_ns AS a0, {_LAST_NS.format(t="x")} AS a1,
+           y.start_ns AS b0, {_LAST_NS.format(t="y")} AS b1
+    FROM edges e
+    JOIN selected x ON x.trace_id = e.ta AND x.span_id = e.a
+    JOIN selected y ON y.trace_id = e.tb AND y.span_id = e.b
+    WHERE (e.ta <> e.tb OR e.a <> e.b)
+      AND (e.via = 'link' OR coalesce(x.link_id, '') <> '')
+),
+directed AS (
+    SELECT CASE WHEN fwd THEN ta ELSE tb END AS st, CASE WHEN fwd THEN a ELSE b END AS ss,
+           CASE WHEN fwd THEN tb ELSE ta END AS dt, CASE WHEN fwd THEN b ELSE a END AS ds,
+           CASE WHEN fwd THEN a0 ELSE b0 END AS s0, CASE WHEN fwd THEN a1 ELSE b1 END AS s1,
+           CASE WHEN fwd THEN b0 ELSE a0 END AS d0, CASE WHEN fwd THEN b1 ELSE a1 END AS d1
+    FROM (SELECT *, a0 <= b1 AS fwd FROM pairs)
+),
+timed AS (
+    SELECT DISTINCT st, ss, dt, ds, greatest(s0, least(s1, d1)) AS s_ts, d0 FROM directed
+)
+SELECT sp.pid AS spid, sp.tid AS stid, s_ts,
+       dp.pid AS dpid, dp.tid AS dtid, greatest(d0, s_ts) AS d_ts
+FROM timed t
+JOIN chiptrace_placed sp ON sp.trace_id = t.st AND sp.span_id = t.ss
+JOIN chiptrace_placed dp ON dp.trace_id = t.dt AND dp.span_id = t.ds
+ORDER BY d_ts, s_ts, dpid, dtid, spid, stid
+"""
+
 
 class _Writer:
     """Streams a Trace Event Format document: slices track by track in (start, -end)
@@ -247,47 +291,7 @@ class _Writer:
         is drawn from the linking span), the arrow leaves the source at the latest instant
         it can and lands where the destination is running then, or at its start. "s" and
         "f" bind to the slice enclosing their ts, so both are inside their spans."""
-        sql = f"""
-        WITH edges AS (
-            SELECT 'parent' AS via, s.trace_id AS ta, s.parent_span_id AS a,
-                   s.trace_id AS tb, s.span_id AS b
-            FROM selected s WHERE s.parent_span_id IS NOT NULL
-            UNION ALL
-            SELECT 'link', coalesce(from_hex(nullif(lk ->> 'trace_id', '')), dt),
-                   from_hex(lk ->> 'span_id'), dt, ds
-            FROM (SELECT s.trace_id AS dt, s.span_id AS ds, unnest(json_extract(s.links, '$[*]')) AS lk
-                  FROM selected s WHERE s.links IS NOT NULL AND json_valid(s.links)
-                  AND json_type(s.links) = 'ARRAY')
-            WHERE regexp_full_match(coalesce(lk ->> 'span_id', ''), '([0-9a-fA-F]{{2}})+')
-              AND regexp_full_match(coalesce(lk ->> 'trace_id', ''), '(([0-9a-fA-F]{{2}})+)?')
-        ),
-        pairs AS (
-            SELECT e.ta, e.a, e.tb, e.b,
-                   x.start_ns AS a0, {_LAST_NS.format(t="x")} AS a1,
-                   y.start_ns AS b0, {_LAST_NS.format(t="y")} AS b1
-            FROM edges e
-            JOIN selected x ON x.trace_id = e.ta AND x.span_id = e.a
-            JOIN selected y ON y.trace_id = e.tb AND y.span_id = e.b
-            WHERE (e.ta <> e.tb OR e.a <> e.b)
-              AND (e.via = 'link' OR coalesce(x.link_id, '') <> '')
-        ),
-        directed AS (
-            SELECT CASE WHEN fwd THEN ta ELSE tb END AS st, CASE WHEN fwd THEN a ELSE b END AS ss,
-                   CASE WHEN fwd THEN tb ELSE ta END AS dt, CASE WHEN fwd THEN b ELSE a END AS ds,
-                   CASE WHEN fwd THEN a0 ELSE b0 END AS s0, CASE WHEN fwd THEN a1 ELSE b1 END AS s1,
-                   CASE WHEN fwd THEN b0 ELSE a0 END AS d0, CASE WHEN fwd THEN b1 ELSE a1 END AS d1
-            FROM (SELECT *, a0 <= b1 AS fwd FROM pairs)
-        ),
-        timed AS (
-            SELECT DISTINCT st, ss, dt, ds, greatest(s0, least(s1, d1)) AS s_ts, d0 FROM directed
-        )
-        SELECT sp.pid AS spid, sp.tid AS stid, s_ts,
-               dp.pid AS dpid, dp.tid AS dtid, greatest(d0, s_ts) AS d_ts
-        FROM timed t
-        JOIN chiptrace_placed sp ON sp.trace_id = t.st AND sp.span_id = t.ss
-        JOIN chiptrace_placed dp ON dp.trace_id = t.dt AND dp.span_id = t.ds
-        ORDER BY d_ts, s_ts, dpid, dtid, spid, stid
-        """
+        sql = _FLOWS_SQL
         flow_id = 0
         for batch in self.source.stream(sql):
             events: list[dict[str, Any]] = []
