@@ -135,8 +135,12 @@ def connect(
     return con
 
 
-def _files_sql(parts: list[Path]) -> str:
-    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in parts) + "]"
+def _read_parquet_sql(parts: list[Path]) -> str:
+    """`read_parquet(...)` over `parts`. Columns come from the files, never from `key=value`
+    folder names: DuckDB would otherwise replace `host`/`service` with the (escaped, bounded)
+    partition folder's name (chiptrace collect --partition-by)."""
+    files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in parts)
+    return f"read_parquet([{files}], union_by_name = true, hive_partitioning = false)"
 
 
 def readable_parts(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> list[Path]:
@@ -145,9 +149,7 @@ def readable_parts(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> list[Pa
 
     def decodes(files: list[Path]) -> bool:
         try:
-            con.sql(
-                f"SELECT min(hash(COLUMNS(*))) FROM read_parquet({_files_sql(files)}, union_by_name = true)"
-            ).fetchall()
+            con.sql(f"SELECT min(hash(COLUMNS(*))) FROM {_read_parquet_sql(files)}").fetchall()
             return True
         except duckdb.Error:
             return False
@@ -166,12 +168,9 @@ def readable_parts(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> list[Pa
 def attach_views(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> None:
     """(Re)create the span views over `parts`; an empty list gives empty views."""
     if parts:
-        # Columns come from the files, never from `key=value` folder names: DuckDB would
-        # otherwise replace `host`/`service` with the (escaped, bounded) partition folder's.
         con.execute(
             f"CREATE OR REPLACE VIEW spans_raw AS SELECT {', '.join(COLUMNS)} "
-            f"FROM read_parquet({_files_sql(parts)}, union_by_name = true, "
-            "hive_partitioning = false)"
+            f"FROM {_read_parquet_sql(parts)}"
         )
     else:
         con.register("_empty_spans", SPAN_SCHEMA.empty_table())
@@ -191,7 +190,7 @@ def attach_metrics(con: duckdb.DuckDBPyConnection, dirs: list[Path]) -> None:
     for path, reason in bad:
         log.warning("chiptrace: skipping unreadable metrics part %s: %s", path, reason)
     if parts:
-        source = f"read_parquet({_files_sql(parts)}, union_by_name = true)"
+        source = _read_parquet_sql(parts)
     else:
         con.register("_empty_metrics", METRICS_SCHEMA.empty_table())
         source = "_empty_metrics"
