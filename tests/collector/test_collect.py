@@ -372,6 +372,9 @@ def test_a_signal_keeps_every_acknowledged_span(
     ids = {int(k, 16) for k in stored(out)}
     assert set(acked) <= ids and len(acked) >= 1000
     assert stored_count_said(err) == len(ids)
+    # The writer says it has finished, so a viewer following the directory shows ENDED.
+    manifests = [json.loads(m.read_text()) for m in (out / "manifest").glob("*.json")]
+    assert manifests and all(m.get("ended_unix_ns") for m in manifests)
 
 
 def test_a_failing_callback_is_503_and_the_receiver_goes_on() -> None:
