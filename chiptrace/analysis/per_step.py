@@ -21,7 +21,7 @@ import pyarrow as pa
 from chiptrace.analysis import workloads as wl
 from chiptrace.analysis.workloads import StepChoice
 
-STRAGGLER_STEPS = 128  # steps the per-step, per-chip figures are taken from
+STRAGGLER_STEPS = 512  # steps the per-step, per-chip figures are taken from
 _STEP_CHIP_COLUMNS = {
     "step_id": pa.string(),
     "chip_id": pa.string(),

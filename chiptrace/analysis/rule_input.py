@@ -104,3 +104,22 @@ def robust_z(value: float, values: Iterable[float], floor: float) -> float:
 def ms(ns: float | None) -> float | None:
     """Nanoseconds as milliseconds, rounded for evidence."""
     return None if ns is None else round(ns / 1e6, 4)
+
+
+def rank_z(a: list[float], b: list[float]) -> float:
+    """Mann-Whitney rank-sum z of sample `a` against `b` (positive: `a` runs larger);
+    ties get their mean rank. Distribution-free: queueing makes request times skewed."""
+    pooled = sorted([(v, 0) for v in a] + [(v, 1) for v in b])
+    ranks = [0.0] * len(pooled)
+    i = 0
+    while i < len(pooled):
+        j = i
+        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[k] = (i + j) / 2 + 1
+        i = j + 1
+    n, m = len(a), len(b)
+    u = sum(r for r, (_, side) in zip(ranks, pooled, strict=True) if side == 0) - n * (n + 1) / 2
+    sd = (n * m * (n + m + 1) / 12) ** 0.5
+    return (u - n * m / 2) / sd if sd else 0.0

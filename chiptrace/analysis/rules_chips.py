@@ -13,11 +13,12 @@ from collections import defaultdict
 
 from chiptrace.analysis import steps as iv
 from chiptrace.analysis.model import Finding, severity_for
-from chiptrace.analysis.rule_input import RuleInput, ms, robust_z
+from chiptrace.analysis.rule_input import RuleInput, ms, rank_z, robust_z
 from chiptrace.analysis.tables import COMPUTE_TYPES, HOST_TYPES
 from chiptrace.analysis.workloads import family
 
 ROBUST_Z = 3.5  # the usual cut for the modified z-score (Iglewicz and Hoaglin)
+RANK_Z = 4.0  # rank-sum z a chip's requests must reach against the others' (8 chips, 3 stats)
 Z_FLOOR = 0.005  # spread assumed at least 0.5% of a step (identical peers have MAD 0)
 MIN_EXCESS = 0.02  # a straggler must cost at least 2% of a step
 IMBALANCE = 0.20  # busiest chip 20% above its group's mean
@@ -31,46 +32,64 @@ def peer_group(x: RuleInput, chip_id: str, chip_type: str) -> tuple[str, str | N
     return (chip_type, x.tables.topology.model(chip_id))
 
 
-def straggler(x: RuleInput) -> list[Finding]:
-    """A chip whose per-step busy time, start or finish stands out among its type."""
+Samples = dict[str, dict[str, list[float]]]  # chip -> statistic -> one value per step
+
+
+def _samples(x: RuleInput) -> dict[tuple, Samples]:
+    """Per peer group and chip: busy time, first-op and last-op offset of every step."""
     t = x.tables
-    starts = dict(
-        zip(
-            t.steps.column("span_id").to_pylist(),
-            t.steps.column("start_ns").to_pylist(),
-            strict=True,
-        )
-    )
-    per: dict[tuple[tuple, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    starts = dict(zip(t.steps["span_id"].to_pylist(), t.steps["start_ns"].to_pylist()))
+    out: dict[tuple, Samples] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in t.step_chips.to_pylist():
         s0 = starts.get(r["step_id"])
         if s0 is None:
             continue
-        d = per[(peer_group(x, r["chip_id"], r["chip_type"]), r["chip_id"])]
+        d = out[peer_group(x, r["chip_id"], r["chip_type"])][r["chip_id"]]
         d["busy per step"].append(r["op_ns"])
         d["start offset"].append(r["first_ns"] - s0)
         d["finish offset"].append(r["last_ns"] - s0)
-    by_type: dict[tuple, dict[str, dict[str, float]]] = defaultdict(dict)
-    for (group, chip), stats in per.items():
-        by_type[group][chip] = {k: statistics.median(v) for k, v in stats.items()}
+    return out
+
+
+def _stand_out(x: RuleInput, chips: Samples, stat: str, shared: bool) -> list[tuple]:
+    """(excess, chip, value, peer value, z) of chips whose `stat` stands out. Steps that
+    use every chip (training): the chip's median against the other chips' medians. Steps
+    served by one chip each (requests): its values against all the others' (a rank test:
+    a chip's median over a few requests is noisy, a shift of all of them is not)."""
     out = []
-    for (ctype, _model), chips in by_type.items():
+    meds = {c: statistics.median(v[stat]) for c, v in chips.items()}
+    for chip, v in chips.items():
+        if shared:
+            peer = statistics.median(meds.values())
+            z = robust_z(meds[chip], meds.values(), Z_FLOOR * x.step_ns)
+        else:
+            rest = [y for c, w in chips.items() if c != chip for y in w[stat]]
+            if len(v[stat]) < 5 or len(rest) < 5:
+                continue
+            peer, z = statistics.median(rest), rank_z(v[stat], rest) - (RANK_Z - ROBUST_Z)
+        excess = meds[chip] - peer
+        if z >= ROBUST_Z and excess >= MIN_EXCESS * x.step_ns:
+            out.append((excess, chip, meds[chip], peer, z))
+    return out
+
+
+def straggler(x: RuleInput) -> list[Finding]:
+    """A chip whose per-step busy time, start or finish stands out among its peers."""
+    rows = x.tables.step_chips.to_pylist()
+    # Steps served by one chip each (requests): their busy time follows the batch each
+    # happened to land in, not the chip; only when they start tells chips apart.
+    shared = len(rows) >= 2 * len({r["step_id"] for r in rows})
+    stats = ("busy per step", "start offset", "finish offset") if shared else ("start offset",)
+    out = []
+    for (ctype, _model), chips in _samples(x).items():
         if len(chips) < 3:
             continue
-        best: tuple[float, str, str, float, float, float] | None = None
-        for stat in ("busy per step", "start offset", "finish offset"):
-            vals = [c[stat] for c in chips.values()]
-            med = statistics.median(vals)
-            for chip, c in chips.items():
-                excess = c[stat] - med
-                z = robust_z(c[stat], vals, Z_FLOOR * x.step_ns)
-                if z >= ROBUST_Z and excess >= MIN_EXCESS * x.step_ns:
-                    if best is None or excess > best[0]:
-                        best = (excess, chip, stat, c[stat], med, z)
-        if best is None:
+        found = [(*c, stat) for stat in stats for c in _stand_out(x, chips, stat, shared)]
+        if not found:
             continue
-        excess, chip, stat, val, med, z = best
-        steps_used = len(per[(peer_group(x, chip, ctype), chip)]["busy per step"])
+        excess, chip, val, peer, z, stat = max(found, key=lambda f: (f[0], f[1]))
+        used = len(chips[chip][stat])
+        served = used / max(len({r["step_id"] for r in rows}), 1)  # the steps that wait for it
         out.append(
             x.finding(
                 "straggler",
@@ -78,16 +97,16 @@ def straggler(x: RuleInput) -> list[Finding]:
                 {
                     "statistic": stat,
                     "chip_ms": ms(val),
-                    "peer_median_ms": ms(med),
+                    "peer_median_ms": ms(peer),
                     "excess_ms": ms(excess),
                     "robust_z": round(z, 2),
                     "chip_type": ctype,
                     "chips_compared": len(chips),
-                    "steps_compared": steps_used,
+                    "steps_compared": used,
                 },
                 f"{chip} {'works longer' if stat == 'busy per step' else 'runs late'} than the other "
                 f"{ctype}s every step: check its clocks/thermals, its data feed, or rebalance its share",
-                excess,  # the step waits for its slowest chip: that much per step
+                excess * min(served, 1.0),
             )
         )
     return out

@@ -29,8 +29,32 @@ def _kind(chip: str | None) -> str:
     return (chip or "").rsplit("/", 1)[-1].split(":")[0]
 
 
+def _slow_directions(links: list[dict[str, Any]]) -> dict[tuple, float]:
+    """Per link direction, how much slower it is than directions of its type (1 = as fast):
+    by bandwidth for bulk transfers; for small ones, where latency dominates bandwidth, by
+    the median duration of transfers of the same name (ingress of a few KB)."""
+    speed: dict[str, list[float]] = defaultdict(list)
+    dur: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in links:
+        if (r["median_bytes"] or 0) >= SMALL_MESSAGE:
+            speed[r["link_type"]].append(r["bytes"] / r["busy_ns"])
+        elif r["median_ns"]:
+            dur[(r["link_type"], r["name"])].append(r["median_ns"])
+    out = {}
+    for r in links:
+        key = (r["link_id"], r["link_src"], r["link_dst"])
+        if (r["median_bytes"] or 0) >= SMALL_MESSAGE and len(speed[r["link_type"]]) >= 3:
+            out[key] = statistics.median(speed[r["link_type"]]) / (r["bytes"] / r["busy_ns"])
+        elif r["median_ns"] and len(dur[(r["link_type"], r["name"])]) >= 3:
+            # Against the quicker quartile: routes of more hops take longer by latency alone.
+            q = statistics.quantiles(dur[(r["link_type"], r["name"])], n=4, method="inclusive")
+            out[key] = r["median_ns"] / max(q[0], 1.0)
+    return out
+
+
 def _slow_candidates(links: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Links slow in every direction that carries data, against same-type directions."""
+    slow = _slow_directions(links)
     peers: dict[str, list[float]] = defaultdict(list)
     for r in links:
         peers[r["link_type"]].append(r["bytes"] / r["busy_ns"])
@@ -39,22 +63,17 @@ def _slow_candidates(links: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         phys[r["link_id"]].append(r)
     out = {}
     for link_id, dirs in phys.items():
-        ltype = dirs[0]["link_type"]
-        if len(peers[ltype]) < 3:
+        factors = [slow.get((d["link_id"], d["link_src"], d["link_dst"])) for d in dirs]
+        if None in factors or min(factors) * SLOW_LINK < 1:  # type: ignore[operator]
             continue
-        if statistics.median(d["median_bytes"] or 0 for d in dirs) < SMALL_MESSAGE:
-            continue
-        peer = statistics.median(peers[ltype])
-        speeds = [d["bytes"] / d["busy_ns"] for d in dirs]
-        if max(speeds) >= SLOW_LINK * peer:
-            continue
+        achieved = sum(d["bytes"] for d in dirs) / sum(d["busy_ns"] for d in dirs)
         out[link_id] = {
-            "type": ltype,
-            "achieved": sum(d["bytes"] for d in dirs) / sum(d["busy_ns"] for d in dirs),
-            "peer": peer,
+            "type": dirs[0]["link_type"],
+            "achieved": achieved,
+            "peer": statistics.median(peers[dirs[0]["link_type"]]),
+            "slower": min(factors),  # type: ignore[type-var]
             "busy": sum(d["busy_ns"] for d in dirs),
             "transfers": sum(d["transfers"] for d in dirs),
-            "directions": len(dirs),
         }
     return out
 
@@ -96,7 +115,7 @@ def slow_links(x: RuleInput) -> list[Finding]:
     for link_id, p in cands.items():
         if link_id in explained:
             continue
-        lost = p["busy"] * (1 - p["achieved"] / p["peer"])
+        lost = p["busy"] * (1 - 1 / p["slower"])
         nominal = t.topology.bandwidth(link_id)
         f = x.finding(
             "link-bound",
@@ -106,13 +125,14 @@ def slow_links(x: RuleInput) -> list[Finding]:
                 "link_type": p["type"],
                 "achieved_GBps": round(p["achieved"], 3),
                 "peer_median_GBps": round(p["peer"], 3),
+                "times_slower": round(p["slower"], 2),
                 "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
                 "busy_share_both_directions": round(p["busy"] / t.wall_ns, 4),
                 "transfers": p["transfers"],
                 "lost_ms": ms(lost),
                 "neighbours_explained": sorted(explained),
             },
-            f"{link_id} moves {p['achieved'] / p['peer']:.0%} of what other {p['type']} links do: "
+            f"{link_id} is {p['slower']:.1f}x slower than other {p['type']} links, both ways: "
             f"check the link (degraded lanes, errors) or route around it",
             _saving(x, lost),
         )
@@ -189,6 +209,11 @@ def _active(x: RuleInput) -> tuple[set[str], dict[str, set[tuple[str, str]]], se
     return active, uses, used
 
 
+def _ends(t: Any, link_id: str) -> tuple[str, ...]:
+    lk = t.topology.links[link_id]
+    return tuple(e for e in (lk.src, lk.dst) if e)
+
+
 def link_down(x: RuleInput) -> list[Finding]:
     """A link of the topology that carried nothing, between two chips that worked, where
     chips of the same model used their link of that kind: it is down, and its traffic went
@@ -197,12 +222,15 @@ def link_down(x: RuleInput) -> list[Finding]:
     if not t.topology.links:
         return []
     active, uses, used = _active(x)
+    mine = set(x.chips or ()) | {
+        e for lk in x.links or () if lk in t.topology.links for e in _ends(t, lk)
+    }
     out = []
     for lk in t.topology.links.values():
         if lk.id in used or not (lk.src in active and lk.dst in active):
             continue
         for end, far in ((lk.src, lk.dst), (lk.dst, lk.src)):
-            if x.chips is not None and end not in x.chips:
+            if x.chips is not None and end not in mine:
                 continue
             want = (lk.type or "", _kind(far))
             group = peer_group(x, end, _kind(end))

@@ -52,6 +52,25 @@ def _extra_on(x: RuleInput) -> dict[str, float]:
     return {k: ms(v) for v, k in top}
 
 
+def _served_by(x: RuleInput, slow_ids: set[str]) -> tuple[str | None, float]:
+    """The chip that served most of the slow steps, where it served few of the others (the
+    slow requests all landed on one device), and the share of slow steps it served."""
+    by_step: dict[str, set[str]] = defaultdict(set)
+    for r in x.tables.step_chips.to_pylist():
+        by_step[r["step_id"]].add(r["chip_id"])
+    slow = [by_step[s] for s in slow_ids if s in by_step]
+    if len(slow) < 3:
+        return None, 0.0
+    counts: dict[str, int] = defaultdict(int)
+    for chips in slow:
+        for c in chips:
+            counts[c] += 1
+    chip = min(counts, key=lambda c: (-counts[c], c))
+    overall = sum(chip in chips for chips in by_step.values()) / len(by_step)
+    share = counts[chip] / len(slow)
+    return (chip, share) if share >= 0.8 and overall <= 0.5 else (None, 0.0)
+
+
 def step_outliers(x: RuleInput) -> list[Finding]:
     """The slowest steps against the median, and what they spent the extra on."""
     s = x.tables.steps
@@ -66,13 +85,18 @@ def step_outliers(x: RuleInput) -> list[Finding]:
         return []
     worst = max(durs)
     names = s["name"].to_pylist()
+    ids = s["span_id"].to_pylist()
+    chip, on_chip = _served_by(x, {i for i, d in zip(ids, durs) if d >= OUTLIER * med})
     extra = _extra_on(x)
     where = f"; the extra went to {', '.join(extra)}" if extra else ""
+    if chip:
+        where = f"; {on_chip:.0%} of them ran on {chip}" + where
     return [
         x.finding(
             "step-outliers",
-            x.workload or "steps",
+            chip or x.workload or "steps",
             {
+                "served_by": chip,
                 "outlier_steps": len(slow),
                 "steps": len(durs),
                 "slowest_ms": ms(worst),
