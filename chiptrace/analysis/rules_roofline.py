@@ -132,6 +132,7 @@ def precision_opportunity(x: RuleInput) -> list[Finding]:
     topo = x.tables.topology
     saved: dict[str, float] = defaultdict(float)
     heavy: dict[str, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
+    where: dict[str, set[str]] = defaultdict(set)
     for r in _roofline_rows(x):
         if r["op_precision"] in FAST_FORMATS or r["compute_s"] < r["mem_s"]:
             continue
@@ -140,15 +141,13 @@ def precision_opportunity(x: RuleInput) -> list[Finding]:
             continue
         saved[r["chip_type"]] += r["op_ns"] * (1 - 1 / fast[1])
         heavy[r["chip_type"]][(r["op_precision"] or "fp32", fast[0])] += r["op_ns"]
+        where[r["chip_type"]].add(r["chip_id"])
     out = []
     for ctype, ns in saved.items():
-        chips = sum(1 for r in x.chip_rows() if r["chip_type"] == ctype) or 1
+        chips = max(sum(1 for r in x.chip_rows() if r["chip_type"] == ctype), 1)
         per_step = ns / chips / x.n_steps  # every chip of the type runs its share in parallel
         (cur, fmt), _ = max(heavy[ctype].items(), key=lambda kv: (kv[1], kv[0]))
-        ratio = max(
-            (_faster(topo, c, cur) or ("", 1.0))[1]
-            for c in {r["chip_id"] for r in x.chip_rows() if r["chip_type"] == ctype}
-        )
+        ratio = max((_faster(topo, c, cur) or ("", 1.0))[1] for c in where[ctype])
         if per_step < 0.01 * x.step_ns:
             continue
         out.append(

@@ -308,6 +308,13 @@ def load_tables(
         wk.step_chips = _fill_types(wk.step_chips, "chip_id", "chip_type", type_of_chip)
     util = _util(con, ops, t0, w)
     chips = _chips(chip_ops, util)
+    # One type per chip everywhere (spans may disagree about it; the chips table decides).
+    kind = dict(zip(chips["chip_id"].to_pylist(), chips["chip_type"].to_pylist(), strict=True))
+    chip_ops = _fill_types(chip_ops, "chip_id", "chip_type", lambda c, t: kind.get(c, t))
+    for wk in workloads:
+        wk.step_chips = _fill_types(
+            wk.step_chips, "chip_id", "chip_type", lambda c, t: kind.get(c, t)
+        )
     busy = dict(zip(chips["chip_id"].to_pylist(), chips["busy_ns"].to_pylist(), strict=True))
     workloads = busiest_first(workloads, busy)
     manifests = _manifests(con)

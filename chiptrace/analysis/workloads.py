@@ -119,32 +119,40 @@ def _families(con: Any, tmp: str) -> dict[str, _Family]:
     return {f.name: f for f in fams.values()}
 
 
-def _depths(fams: dict[str, _Family]) -> dict[str, int]:
+def _up(fams: dict[str, _Family]) -> dict[str, str | None]:
+    """Each family's parent family (its spans' most common parent), None at the top."""
     by_key = {family(n): f for f in fams.values() for n in f.names}
-    out: dict[str, int] = {}
+    out: dict[str, str | None] = {}
     for f in fams.values():
-        d, cur, seen = 0, f, {f.name}
-        while cur.parents:
-            up = by_key.get(cur.parents.most_common(1)[0][0])
-            if up is None or up.name in seen:
-                break
-            seen.add(up.name)
-            d, cur = d + 1, up
-        out[f.name] = d
+        up = by_key.get(f.parents.most_common(1)[0][0]) if f.parents else None
+        out[f.name] = up.name if up is not None and up is not f else None
     return out
 
 
+def _depths(fams: dict[str, _Family]) -> dict[str, int]:
+    """Levels below the top, memoized (a 10,000-deep chain of distinct names is linear)."""
+    up = _up(fams)
+    depth: dict[str, int] = {}
+    for start in fams:
+        chain, cur = [], start
+        while cur is not None and cur not in depth and cur not in chain:
+            chain.append(cur)
+            cur = up[cur]
+        d = depth.get(cur, -1) if cur is not None and cur not in chain else -1
+        for name in reversed(chain):
+            d += 1
+            depth[name] = d
+    return depth
+
+
 def _ancestors(fams: dict[str, _Family], picked: list[_Family]) -> set[str]:
-    by_key = {family(n): f for f in fams.values() for n in f.names}
+    up = _up(fams)
     out: set[str] = set()
     for f in picked:
-        cur = f
-        while cur.parents:
-            up = by_key.get(cur.parents.most_common(1)[0][0])
-            if up is None or up.name in out or up is f:
-                break
-            out.add(up.name)
-            cur = up
+        cur = up[f.name]
+        while cur is not None and cur not in out and cur != f.name:
+            out.add(cur)
+            cur = up[cur]
     return out
 
 
