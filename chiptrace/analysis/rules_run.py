@@ -20,6 +20,7 @@ from chiptrace.analysis.workloads import family
 OUTLIER = 2.0  # a step at least twice the median ...
 OUTLIER_Z = 3.5  # ... and far outside the steps' spread
 MIN_STEPS = 4
+MIN_EXTRA_NS = 1_000_000  # sub-millisecond hiccups (a GC pause in a 70 us request) are noise
 BUSY_HOST = 85.0  # mean CPU utilization (%) of the host's logical CPUs
 STARVED_CORES = 0.6  # the program got less than this many cores
 ERRORS_MIN = 3  # errors an endpoint must have before its rate means anything
@@ -80,7 +81,13 @@ def step_outliers(x: RuleInput) -> list[Finding]:
     med = statistics.median(durs)
     if med <= 0:
         return []
-    slow = [d for d in durs if d >= OUTLIER * med and robust_z(d, durs, 0.01 * med) >= OUTLIER_Z]
+    slow = [
+        d
+        for d in durs
+        if d >= OUTLIER * med
+        and d - med >= MIN_EXTRA_NS
+        and robust_z(d, durs, 0.01 * med) >= OUTLIER_Z
+    ]
     if not slow:
         return []
     worst = max(durs)
@@ -88,6 +95,8 @@ def step_outliers(x: RuleInput) -> list[Finding]:
     ids = s["span_id"].to_pylist()
     chip, on_chip = _served_by(x, {i for i, d in zip(ids, durs) if d >= OUTLIER * med})
     extra = _extra_on(x)
+    saving = sum(d - med for d in slow) / len(durs)
+    sev = severity_for(saving / x.step_ns if x.step_ns else 0.0)
     where = f"; the extra went to {', '.join(extra)}" if extra else ""
     if chip:
         where = f"; {on_chip:.0%} of them ran on {chip}" + where
@@ -108,7 +117,10 @@ def step_outliers(x: RuleInput) -> list[Finding]:
             f"{len(slow)} of {len(durs)} steps take >= {OUTLIER:g}x the median (slowest "
             f"{worst / med:.0f}x){where}: look for what runs only then (data loading, "
             f"checkpoints, recompilation, garbage collection)",
-            sum(d - med for d in slow) / len(durs),
+            saving,
+            # One slow step is a one-off (a warm-up, a checkpoint): worth a look, not the
+            # worst problem of the run however long it took.
+            sev if len(slow) > 1 or sev != "high" else "medium",
         )
     ]
 

@@ -120,3 +120,19 @@ def test_the_saving_agrees_with_a_run_without_the_fault(case: fault_cases.Case, 
     actual = stat(a) - stat(b)
     assert actual > 0
     assert abs(top.saving_ns - actual) <= 0.25 * actual, (top.rule, top.saving_ns, actual)
+
+
+def test_precision_saving_matches_an_nvfp4_run(runs: Runs, tmp_path: Path) -> None:
+    """bf16 work on a B200 is 4x from nvfp4 (its own pair; the fp32 optimizer, memory-bound,
+    gains nothing): the estimate is what emulating the same run in nvfp4 saves."""
+    from chiptrace.emulator import emulate
+
+    healthy = next(c for c in CASES if c.id == "rack6-train-healthy-s1")
+    f = next(f for f in runs.get(healthy).findings if f.rule == "precision-opportunity")
+    assert (f.evidence["precision"], f.evidence["faster_format"]) == ("bf16", "nvfp4")
+    assert f.evidence["peak_ratio"] == 4.0 and f.severity == "low"
+    out = emulate(steps=4, seed=1, out=tmp_path / "fp4", precision="nvfp4", progress=False).out
+    ta = TraceAnalysis(out)
+    fast = statistics.median(step_durations(ta.tables))
+    actual = statistics.median(runs.get(healthy).steps["train_step"]) - fast
+    assert abs(f.saving_ns - actual) <= 0.25 * actual, (f.saving_ns, actual)
