@@ -21,7 +21,9 @@ import pyarrow as pa
 from chiptrace.analysis import workloads as wl
 from chiptrace.analysis.workloads import StepChoice
 
-STRAGGLER_STEPS = 512  # steps the per-step, per-chip figures are taken from
+STRAGGLER_STEPS = 128  # steps the per-step, per-chip figures are taken from ...
+SMALL_STEP_SPANS = 100  # ... and from 4x as many when steps are this small (requests: one
+# chip each, so a chip's share of 128 is too few to test; small steps are cheap to read)
 _STEP_CHIP_COLUMNS = {
     "step_id": pa.string(),
     "chip_id": pa.string(),
@@ -155,7 +157,7 @@ def step_chips(
 
 
 def load_workloads(
-    con: Any, where: str, lo: int, hi: int, step_glob: str | None = None
+    con: Any, where: str, lo: int, hi: int, spans: int, step_glob: str | None = None
 ) -> list[WorkloadTables]:
     """Every workload's steps and per-step chip figures (ordered as guessed or matched).
 
@@ -169,9 +171,11 @@ def load_workloads(
         with wl.candidates(con, where) as tmp:
             choices = wl.guess(con, tmp)
             rows = [wl.step_rows(con, c, where, tmp) for c in choices]
+    n_steps = sum(r.num_rows for r in rows)
+    big = spans > SMALL_STEP_SPANS * max(n_steps, 1)
     out = []
     for choice, steps in zip(choices, rows, strict=True):
-        sc, links = step_chips(con, steps, where, lo, hi)
+        sc, links = step_chips(con, steps, where, lo, hi, STRAGGLER_STEPS * (1 if big else 4))
         chips = frozenset(c for c in sc.column("chip_id").to_pylist() if c is not None)
         out.append(WorkloadTables(choice, steps, sc, chips, links))
     return out

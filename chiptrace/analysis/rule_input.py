@@ -42,6 +42,7 @@ class RuleInput:
     links: frozenset[str] | None = None
     con: Any = None
     endpoints: list[dict[str, Any]] | None = None
+    memo: dict[str, Any] = field(default_factory=dict)  # figures several rules share
 
     @property
     def step_ns(self) -> float:

@@ -97,7 +97,9 @@ def _is_compute(s: dict) -> bool:
 def overlap_figures(x: RuleInput) -> dict[str, float]:
     """Communication vs compute on the compute chips over the sampled steps, in ns:
     comm, hidden (overlapped), exposed, compute, step; plus exposed ns per comm span name
-    under keys ``name:<span name>``."""
+    under keys ``name:<span name>``. Computed once per input (metrics and a rule read it)."""
+    if "overlap" in x.memo:
+        return x.memo["overlap"]
     out: dict[str, float] = defaultdict(float)
     for st in x.steps:
         leaves = [s for s in st.leaves() if s["end_ns"] > s["start_ns"]]
@@ -115,6 +117,7 @@ def overlap_figures(x: RuleInput) -> dict[str, float]:
             if _is_comm(s):
                 span = [st.clip(s)]
                 out["name:" + s["name"]] += iv.length(iv.intersect(span, exposed))
+    x.memo["overlap"] = out
     return out
 
 

@@ -303,7 +303,7 @@ def load_tables(
     w = max((t1 - t0) // max(windows, 1) + 1, 1)
     ops, xfers = _sources(con, a, lo, hi)
     chip_ops = _fill_types(_chip_ops(con, ops), "chip_id", "chip_type", type_of_chip)
-    workloads = load_workloads(con, where, lo, hi, step_name) if n else []
+    workloads = load_workloads(con, where, lo, hi, n, step_name) if n else []
     for wk in workloads:
         wk.step_chips = _fill_types(wk.step_chips, "chip_id", "chip_type", type_of_chip)
     util = _util(con, ops, t0, w)
