@@ -124,16 +124,17 @@ class TraceTables:
         return dataclasses.replace(self, steps=w.steps, step_chips=w.step_chips)
 
 
-_NO_STEPS = pa.table(
-    {
-        "trace_id": pa.array([], pa.string()),
-        "span_id": pa.array([], pa.string()),
-        "name": pa.array([], pa.string()),
-        "start_ns": pa.array([], pa.int64()),
-        "end_ns": pa.array([], pa.int64()),
-        "links": pa.array([], pa.string()),
-    }
-)
+_S, _I, _F = pa.string(), pa.int64(), pa.float64()
+_NO_STEPS = pa.schema(
+    [
+        ("trace_id", _S),
+        ("span_id", _S),
+        ("name", _S),
+        ("start_ns", _I),
+        ("end_ns", _I),
+        ("links", _S),
+    ]
+).empty_table()
 
 
 def _extent(con: Any, lo: int, hi: int, where: str) -> tuple[int, int, int]:
@@ -343,17 +344,8 @@ def load_tables(
 def _chips(chip_ops: pa.Table, util: pa.Table) -> pa.Table:
     """Per chip: busy (merged, from the util windows), ops, summed op time, flops, bytes."""
     if chip_ops.num_rows == 0:
-        return pa.table(
-            {
-                "chip_id": pa.array([], pa.string()),
-                "chip_type": pa.array([], pa.string()),
-                "busy_ns": pa.array([], pa.int64()),
-                "ops": pa.array([], pa.int64()),
-                "op_ns": pa.array([], pa.int64()),
-                "flops": pa.array([], pa.float64()),
-                "bytes": pa.array([], pa.float64()),
-            }
-        )
+        cols = [("chip_id", _S), ("chip_type", _S), ("busy_ns", _I), ("ops", _I)]
+        return pa.schema([*cols, ("op_ns", _I), ("flops", _F), ("bytes", _F)]).empty_table()
     per = chip_ops.group_by("chip_id").aggregate(
         [("chip_type", "max"), ("ops", "sum"), ("op_ns", "sum"), ("flops", "sum"), ("bytes", "sum")]
     )

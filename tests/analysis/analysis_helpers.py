@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +237,28 @@ def training_run(
         b.rows[spans_before]["end_ns"] = T0 + int(end * US)
         t0 = end + 10
     return b.write(directory, {"topology": topo, "spans_dropped": dropped})
+
+
+@contextlib.contextmanager
+def collector(out: Path) -> Iterator[str]:
+    """`chiptrace collect` in process (the CLI's own build()) on a free loopback port,
+    writing to `out`; yields its OTLP/HTTP traces URL and stores everything on exit."""
+    from chiptrace.cli.collect import build
+
+    args = argparse.Namespace(
+        listen="127.0.0.1:0",
+        grpc=None,
+        out=str(out),
+        partition_by=None,
+        max_request_bytes=1 << 20,
+        flush_interval=60.0,
+        flush_spans=1_000_000,
+        max_buffered=1_000_000,
+    )
+    recorder, receiver = build(args)
+    receiver.start()
+    try:
+        yield f"http://127.0.0.1:{receiver.http_port}/v1/traces"
+    finally:
+        receiver.stop()
+        recorder.shutdown()

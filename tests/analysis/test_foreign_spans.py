@@ -3,13 +3,13 @@ OTLP/JSON to `chiptrace collect`, then every report path and the viewer's summar
 
 from __future__ import annotations
 
-import argparse
 import json
 import urllib.request
 from pathlib import Path
 
+from analysis_helpers import collector
+
 from chiptrace.cli import main
-from chiptrace.cli.collect import build
 
 T0 = 1_760_000_000_000_000_000
 
@@ -81,28 +81,12 @@ def _request(steps: int = 4, gpus: int = 4) -> bytes:
 
 
 def _collect(out: Path, body: bytes) -> None:
-    args = argparse.Namespace(
-        listen="127.0.0.1:0",
-        grpc=None,
-        out=str(out),
-        partition_by=None,
-        max_request_bytes=1 << 20,
-        flush_interval=60.0,
-        flush_spans=1_000_000,
-        max_buffered=1_000_000,
-    )
-    recorder, receiver = build(args)
-    receiver.start()
-    try:
-        url = f"http://127.0.0.1:{receiver.http_port}/v1/traces"
+    with collector(out) as url:
         req = urllib.request.Request(
             url, data=body, method="POST", headers={"Content-Type": "application/json"}
         )
         with urllib.request.urlopen(req, timeout=60) as resp:
             assert resp.status == 200
-    finally:
-        receiver.stop()
-        recorder.shutdown()
 
 
 def test_otlp_json_without_chip_type_through_collect(tmp_path: Path, capsys) -> None:

@@ -183,28 +183,18 @@ def test_any_span_table(
         run_every_path(d, capsys)
 
 
+_OPTIONAL = ("chip_type", "link_id", "link_type", "link_src", "link_dst", "op_kind", "op_bytes")
+_OPTIONAL += ("op_flops", "op_precision", "attributes", "links")
+
+
+def _row(**given: Any) -> dict[str, Any]:
+    """One span row with every optional column NULL unless given."""
+    row = {"trace": 1, "parent": None, "kind": 1, "status_code": 0, "chip_id": None}
+    return {**row, **dict.fromkeys(_OPTIONAL), **given}
+
+
 def test_one_span_and_no_spans(tmp_path: Path, capsys) -> None:
-    one = {
-        "trace": 1,
-        "parent": None,
-        "name": "only",
-        "kind": 1,
-        "start": T0,
-        "dur": 10,
-        "status_code": 0,
-        "chip_id": "gpu:0",
-        "chip_type": None,
-        "link_id": None,
-        "link_type": None,
-        "link_src": None,
-        "link_dst": None,
-        "op_kind": None,
-        "op_bytes": None,
-        "op_flops": None,
-        "op_precision": None,
-        "attributes": None,
-        "links": None,
-    }
+    one = _row(name="only", start=T0, dur=10, chip_id="gpu:0")
     data = run_every_path(_write(tmp_path / "one", [one], {}), capsys)
     assert data is not None and data["metrics"]["spans"] == 1
     assert run_every_path(_write(tmp_path / "none", [], {}), capsys) is None
@@ -213,27 +203,13 @@ def test_one_span_and_no_spans(tmp_path: Path, capsys) -> None:
 def test_ten_thousand_deep(tmp_path: Path, capsys) -> None:
     n = 10_000
     rows = [
-        {
-            "trace": 1,
-            "parent": i if i else None,
-            "name": f"level {i} ✓",
-            "kind": 1,
-            "start": T0 + i,
-            "dur": 2 * (n - i),
-            "status_code": 0,
-            "chip_id": "gpu:0" if i == n - 1 else None,
-            "chip_type": None,
-            "link_id": None,
-            "link_type": None,
-            "link_src": None,
-            "link_dst": None,
-            "op_kind": None,
-            "op_bytes": None,
-            "op_flops": None,
-            "op_precision": None,
-            "attributes": None,
-            "links": None,
-        }
+        _row(
+            parent=i or None,
+            name=f"level {i} ✓",
+            start=T0 + i,
+            dur=2 * (n - i),
+            chip_id="gpu:0" if i == n - 1 else None,
+        )
         for i in range(n)
     ]
     data = run_every_path(_write(tmp_path / "deep", rows, {}), capsys)

@@ -3,12 +3,11 @@ emulated: step-time outliers, host CPU contention, error rate and latency of a s
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
-from analysis_helpers import MS, T0, TraceBuilder
+from analysis_helpers import MS, T0, TraceBuilder, collector
 
 from chiptrace.analysis import TraceAnalysis
 from chiptrace.cli import main
@@ -188,26 +187,9 @@ def _send_web_app(url: str, requests: int = 40, error_every: int = 4) -> None:
 
 
 def test_web_app_error_rate_through_collect(tmp_path: Path, capsys) -> None:
-    from chiptrace.cli.collect import build
-
     out = tmp_path / "web"
-    args = argparse.Namespace(
-        listen="127.0.0.1:0",
-        grpc=None,
-        out=str(out),
-        partition_by=None,
-        max_request_bytes=1 << 20,
-        flush_interval=60.0,
-        flush_spans=1_000_000,
-        max_buffered=1_000_000,
-    )
-    recorder, receiver = build(args)
-    receiver.start()
-    try:
-        _send_web_app(f"http://127.0.0.1:{receiver.http_port}/v1/traces")
-    finally:
-        receiver.stop()
-        recorder.shutdown()
+    with collector(out) as url:
+        _send_web_app(url)
     assert main(["report", str(out), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     errors = {f["culprit"]: f for f in data["findings"] if f["rule"] == "error-rate"}
