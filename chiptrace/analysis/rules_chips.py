@@ -224,7 +224,7 @@ def starvation(x: RuleInput) -> list[Finding]:
         leaves = [s for s in st.leaves() if s["end_ns"] > s["start_ns"]]
         if not any(s["chip_type"] in COMPUTE_TYPES for s in leaves):
             continue
-        busy = iv.union(st.clip(s) for s in leaves if _fabric(s))
+        busy = st.busy(s for s in leaves if _fabric(s))
         idle = iv.subtract([(st.start_ns, st.end_ns)], busy)
         idle_total += iv.length(idle)
         step_total += st.duration_ns
@@ -232,7 +232,7 @@ def starvation(x: RuleInput) -> list[Finding]:
         for s in leaves:
             key = _host_key(s)
             if key:
-                hosts[key].append(st.clip(s))
+                hosts[key].append((s["start_ns"], s["end_ns"]))  # idle is inside the step
         for key, ivs in hosts.items():
             totals[key] += iv.length(iv.intersect(iv.union(ivs), idle))
     if not totals or step_total <= 0:

@@ -103,8 +103,8 @@ def overlap_figures(x: RuleInput) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for st in x.steps:
         leaves = [s for s in st.leaves() if s["end_ns"] > s["start_ns"]]
-        comm = iv.union(st.clip(s) for s in leaves if _is_comm(s))
-        compute = iv.union(st.clip(s) for s in leaves if _is_compute(s))
+        comm = st.busy(s for s in leaves if _is_comm(s))
+        compute = st.busy(s for s in leaves if _is_compute(s))
         if not compute:
             continue
         exposed = iv.subtract(comm, compute)
@@ -115,7 +115,7 @@ def overlap_figures(x: RuleInput) -> dict[str, float]:
         out["step"] += st.duration_ns
         for s in leaves:
             if _is_comm(s):
-                span = [st.clip(s)]
+                span = [(s["start_ns"], s["end_ns"])]  # exposed is inside the step
                 out["name:" + s["name"]] += iv.length(iv.intersect(span, exposed))
     x.memo["overlap"] = out
     return out

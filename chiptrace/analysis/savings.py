@@ -32,12 +32,12 @@ def _typical(spans: tuple[dict[str, Any], ...]) -> dict[tuple[Any, Any], float]:
 
 def _exposed(st: Step, slowed: list[dict[str, Any]]) -> int:
     """Time the slowed transfers run while no GPU/NPU computes."""
-    compute = iv.union(
-        st.clip(s)
+    compute = st.busy(
+        s
         for s in st.leaves()
         if s["chip_type"] in COMPUTE_TYPES and s["op_kind"] in (None, "compute", "memcpy")
     )
-    return iv.length(iv.subtract(iv.union(st.clip(s) for s in slowed), compute))
+    return iv.length(iv.subtract(st.busy(slowed), compute))
 
 
 def slowed_transfers_on_path(x: RuleInput) -> float | None:

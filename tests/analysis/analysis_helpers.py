@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -241,24 +244,19 @@ def training_run(
 
 @contextlib.contextmanager
 def collector(out: Path) -> Iterator[str]:
-    """`chiptrace collect` in process (the CLI's own build()) on a free loopback port,
-    writing to `out`; yields its OTLP/HTTP traces URL and stores everything on exit."""
-    from chiptrace.cli.collect import build
-
-    args = argparse.Namespace(
-        listen="127.0.0.1:0",
-        grpc=None,
-        out=str(out),
-        partition_by=None,
-        max_request_bytes=1 << 20,
-        flush_interval=60.0,
-        flush_spans=1_000_000,
-        max_buffered=1_000_000,
+    """`chiptrace collect --listen 127.0.0.1:0 --out OUT` in its own process; yields its
+    OTLP/HTTP traces URL (read from its first line), then stops it with SIGTERM, which
+    stores every acknowledged span before it exits 0."""
+    argv = [sys.executable, "-m", "chiptrace", "collect", "--listen", "127.0.0.1:0"]
+    proc = subprocess.Popen(
+        [*argv, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    recorder, receiver = build(args)
-    receiver.start()
     try:
-        yield f"http://127.0.0.1:{receiver.http_port}/v1/traces"
+        line = proc.stdout.readline() if proc.stdout else ""
+        found = re.search(r"http://\S+/v1/traces", line)
+        assert found, f"no URL in {line!r}"
+        yield found.group()
     finally:
-        receiver.stop()
-        recorder.shutdown()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
