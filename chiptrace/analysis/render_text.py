@@ -147,5 +147,6 @@ def render_diff(d: dict[str, Any], all_metrics: bool = False) -> str:
         out.append("  none in either run")
     for f in d["findings"]:
         sev = f"{f['a_severity'] or '-'} -> {f['b_severity'] or '-'}"
-        out.append(f"  {f['status']:<9} {_s(f['rule']):<22} {_s(f['culprit']):<28} {sev}")
+        where = f" [{f['step']}]" if f.get("step") else ""
+        out.append(f"  {f['status']:<9} {_s(f['rule']):<22} {_s(f['culprit']) + where:<40} {sev}")
     return "\n".join(out) + "\n"
