@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from chiptrace.analysis import workloads as wl
 from chiptrace.analysis.workloads import StepChoice
@@ -138,6 +139,8 @@ def step_chips(
     agg = """any_value(chip_type) AS chip_type, min(start_ns) AS first_ns,
              max(end_ns) AS last_ns, CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns"""
     with _register(con, eq_t) as e_name, _register(con, win_t) as w_name:
+        # One statement, so the filtered spans are read once: the link ids the steps use
+        # come back as rows without a step.
         table = wl._arrow(
             con,
             f"""
@@ -148,18 +151,22 @@ def step_chips(
             UNION ALL
             SELECT w.step_id, leaf.chip_id, {agg}
             FROM leaf ASOF JOIN {w_name} w ON leaf.trace_id = w.trace_id AND leaf.start_ns >= w.s
-            WHERE leaf.start_ns < w.e GROUP BY w.step_id, leaf.chip_id""",
+            WHERE leaf.start_ns < w.e GROUP BY w.step_id, leaf.chip_id
+            UNION ALL
+            SELECT DISTINCT NULL, link_id, NULL, NULL, NULL, NULL FROM sp
+            WHERE link_id IS NOT NULL""",
         )
-        links = con.sql(
-            f"WITH {base} SELECT DISTINCT link_id FROM sp WHERE link_id IS NOT NULL"
-        ).fetchall()
-    return table.cast(pa.schema(_STEP_CHIP_COLUMNS)), frozenset(r[0] for r in links)
+    is_link = pc.is_null(table["step_id"])
+    links = table.filter(is_link)["chip_id"].to_pylist()
+    table = table.filter(pc.invert(is_link))
+    return table.cast(pa.schema(_STEP_CHIP_COLUMNS)), frozenset(links)
 
 
 def load_workloads(
-    con: Any, where: str, lo: int, hi: int, spans: int, step_glob: str | None = None
+    con: Any, where: str, lo: int, hi: int, spans: int, cands: str, step_glob: str | None = None
 ) -> list[WorkloadTables]:
-    """Every workload's steps and per-step chip figures (ordered as guessed or matched).
+    """Every workload's steps and per-step chip figures (ordered as guessed or matched);
+    `cands` is the table `workloads.candidates` made.
 
     Raises:
         StepError: `step_glob` matches no span.
@@ -168,9 +175,9 @@ def load_workloads(
         choices = wl.choose_glob(con, where, step_glob)
         rows = [wl.step_rows(con, c, where, None) for c in choices]
     else:
-        with wl.candidates(con, where) as tmp:
-            choices = wl.guess(con, tmp)
-            rows = [wl.step_rows(con, c, where, tmp) for c in choices]
+        src = wl.in_window(cands, where)
+        choices = wl.guess(con, src)
+        rows = [wl.step_rows(con, c, where, src) for c in choices]
     n_steps = sum(r.num_rows for r in rows)
     big = spans > SMALL_STEP_SPANS * max(n_steps, 1)
     out = []

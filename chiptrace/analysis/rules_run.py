@@ -172,29 +172,30 @@ def host_contention(x: RuleInput) -> list[Finding]:
 
 ENDPOINTS_SQL = """
 WITH e AS (
-    SELECT CAST(name AS VARCHAR) AS name, status_code, CAST(status_message AS VARCHAR) AS msg,
+    SELECT CAST(name AS VARCHAR) AS name, kind = 2 AS server, status_code,
+           CAST(status_message AS VARCHAR) AS msg,
            greatest(least(end_ns, {hi}) - greatest(start_ns, {lo}), 0) AS d
-    FROM spans_raw WHERE {where} AND {which})
-SELECT name, count(*) AS requests, count(*) FILTER (WHERE status_code = 2) AS errors,
+    FROM spans_raw WHERE {where} AND (kind = 2 OR parent_span_id IS NULL))
+SELECT name, server, count(*) AS requests, count(*) FILTER (WHERE status_code = 2) AS errors,
        quantile_cont(d, 0.5) AS p50, quantile_cont(d, 0.95) AS p95,
        quantile_cont(d, 0.99) AS p99, avg(d) AS mean,
        avg(d) FILTER (WHERE status_code = 2) AS error_mean,
        mode(msg) FILTER (WHERE status_code = 2) AS message
-FROM e GROUP BY name ORDER BY requests DESC, name LIMIT {limit}"""
+FROM e GROUP BY name, server"""
 
 
 def endpoints(con: Any, lo: int, hi: int, where: str) -> list[dict[str, Any]]:
     """Per endpoint (server spans, else root spans): requests, errors, error rate and
-    latency percentiles (ms), the busiest MAX_ENDPOINTS."""
-    servers = con.sql(f"SELECT count(*) FROM spans_raw WHERE kind = 2 AND {where}").fetchall()
-    which = "kind = 2" if servers[0][0] else "parent_span_id IS NULL"
-    sql = ENDPOINTS_SQL.format(lo=lo, hi=hi, where=where, which=which, limit=MAX_ENDPOINTS)
+    latency percentiles (ms), the busiest MAX_ENDPOINTS. One pass over the store."""
+    rows = con.sql(ENDPOINTS_SQL.format(lo=lo, hi=hi, where=where)).fetchall()
+    servers = any(r[1] for r in rows)
+    rows = sorted((r for r in rows if bool(r[1]) == servers), key=lambda r: (-r[2], r[0]))
     out = []
-    for name, n, errors, p50, p95, p99, mean, emean, msg in con.sql(sql).fetchall():
+    for name, _, n, errors, p50, p95, p99, mean, emean, msg in rows[:MAX_ENDPOINTS]:
         out.append(
             {
                 "name": name,
-                "kind": "server" if servers[0][0] else "root",
+                "kind": "server" if servers else "root",
                 "requests": n,
                 "errors": errors,
                 "error_rate": round(errors / n, 4) if n else 0.0,

@@ -23,6 +23,7 @@ from chiptrace.analysis.per_step import (
     load_workloads,
 )
 from chiptrace.analysis.topology import Topology, merge_topologies
+from chiptrace.analysis.workloads import candidates
 from chiptrace.schema import LINK_TYPES, chip_type_of
 
 COMPUTE_TYPES = ("gpu", "npu")
@@ -153,21 +154,17 @@ def _where(lo: int, hi: int) -> str:
     return f"end_ns >= {lo} AND start_ns < {hi} AND start_ns >= {-TIME_LIMIT}"
 
 
-def _nested(con: Any) -> tuple[bool, bool]:
-    """Does any chip span have a child on a chip; any link span a child on a link? (One
-    scan of span ids against the few parent ids.)"""
-    rows = con.sql("""
-        WITH pc AS (SELECT DISTINCT parent_span_id AS id FROM spans_raw
-                    WHERE chip_id IS NOT NULL AND parent_span_id IS NOT NULL),
-        pl AS (SELECT DISTINCT parent_span_id AS id FROM spans_raw
-               WHERE link_id IS NOT NULL AND parent_span_id IS NOT NULL)
-        SELECT coalesce(bool_or(chip_id IS NOT NULL AND span_id IN (SELECT id FROM pc)), false),
-               coalesce(bool_or(link_id IS NOT NULL AND span_id IN (SELECT id FROM pl)), false)
-        FROM spans_raw WHERE chip_id IS NOT NULL OR link_id IS NOT NULL""").fetchall()
+def _nested(con: Any, cands: str) -> tuple[bool, bool]:
+    """Does any chip span have a child on a chip; any link span a child on a link? (Read
+    off the candidates table: the spans with children.)"""
+    rows = con.sql(
+        f"SELECT coalesce(bool_or(on_chip AND chip_child), false), "
+        f"coalesce(bool_or(on_link AND link_child), false) FROM {cands}"
+    ).fetchall()
     return (bool(rows[0][0]), bool(rows[0][1])) if rows else (False, False)
 
 
-def _sources(con: Any, a: str, lo: int, hi: int) -> tuple[str, str]:
+def _sources(con: Any, a: str, lo: int, hi: int, cands: str) -> tuple[str, str]:
     """FROM-clause SQL for op spans and transfers: the `chip_ops` / `link_transfers` macros
     when some chip (link) span has a chip (link) child; else the same rows by a plain filter.
     Most traces nest no chip span in another, and then skipping the anti-join and the macro's
@@ -175,7 +172,7 @@ def _sources(con: Any, a: str, lo: int, hi: int) -> tuple[str, str]:
     to [lo, hi]."""
     s, e = f"greatest(start_ns, {lo})", f"least(end_ns, {hi})"
     where = _where(lo, hi)
-    chips_nest, links_nest = _nested(con)
+    chips_nest, links_nest = _nested(con, cands)
     ops = (
         f"chip_ops({a})"
         if chips_nest
@@ -302,9 +299,10 @@ def load_tables(
     where = _where(lo, hi)
     t0, t1, n = _extent(con, lo, hi, where)
     w = max((t1 - t0) // max(windows, 1) + 1, 1)
-    ops, xfers = _sources(con, a, lo, hi)
+    with candidates(con) as cands:
+        ops, xfers = _sources(con, a, lo, hi, cands)
+        workloads = load_workloads(con, where, lo, hi, n, cands, step_name) if n else []
     chip_ops = _fill_types(_chip_ops(con, ops), "chip_id", "chip_type", type_of_chip)
-    workloads = load_workloads(con, where, lo, hi, n, step_name) if n else []
     for wk in workloads:
         wk.step_chips = _fill_types(wk.step_chips, "chip_id", "chip_type", type_of_chip)
     util = _util(con, ops, t0, w)
