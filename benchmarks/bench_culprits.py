@@ -73,17 +73,13 @@ def _healthy_findings(case: fault_cases.Case, root: Path) -> set:
     return {(f.rule, f.culprit) for f in TraceAnalysis(out).findings()}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="seeds 1-2 (rack6) and 1 (pcie8)")
-    args = ap.parse_args()
-    seeds, pseeds = ((1, 2), (1,)) if args.quick else ((1, 2, 3, 4, 5), (1, 2))
+def score(seeds: tuple[int, ...], pcie8_seeds: tuple[int, ...]) -> dict[tuple, dict]:
+    """Run every case; per (topology, workload, fault kind) the counts the table shows."""
     table: dict[tuple, dict] = defaultdict(lambda: defaultdict(int))
-    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="chiptrace-culprits-") as tmp:
         root = Path(tmp)
         healthy = {}
-        for c in fault_cases.cases(seeds, pseeds):
+        for c in fault_cases.cases(seeds, pcie8_seeds):
             if (c.topology, c.workload, c.kind) in fault_cases.NEW_ONLY:
                 healthy[(c.topology, c.workload, c.seed)] = _healthy_findings(c, root)
             r = run_case(c, root, healthy)
@@ -97,28 +93,38 @@ def main() -> None:
             else:
                 cell["hits"] += int(r["top"] == c.target)
                 cell["peer_hits"] += int(r["peer"] == c.target)
+    return table
+
+
+def _row(kind: str, cell: dict, tot: dict) -> tuple[str, str]:
+    n = cell["runs"]
+    if "errors" in cell:
+        return (f"{cell['errors']}/{n} clear error",) * 2  # type: ignore[return-value]
+    if kind == "healthy":
+        tot["alarms"] += cell["alarms"]
+        tot["peer_alarms"] += cell["peer_alarms"]
+        tot["healthy"] += n
+        return f"{cell['alarms']}/{n} false alarm", f"{cell['peer_alarms']}/{n} false alarm"
+    tot["hits"] += cell["hits"]
+    tot["peer_hits"] += cell["peer_hits"]
+    tot["faults"] += n
+    return f"{cell['hits']}/{n} named", f"{cell['peer_hits']}/{n} named"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="seeds 1-2 (rack6) and 1 (pcie8)")
+    args = ap.parse_args()
+    seeds, pseeds = ((1, 2), (1,)) if args.quick else ((1, 2, 3, 4, 5), (1, 2))
+    t0 = time.perf_counter()
+    table = score(seeds, pseeds)
     print(
         f"{'topology':<8} {'workload':<7} {'fault':<10} {'runs':>4}  {'chiptrace':>16}  {'peer':>16}"
     )
-    tot = defaultdict(int)
+    tot: dict[str, int] = defaultdict(int)
     for (topo, wl, kind), cell in table.items():
-        n = cell["runs"]
-        if "errors" in cell:
-            ours = peer = f"{cell['errors']}/{n} clear error"
-        elif kind == "healthy":
-            ours, peer = (
-                f"{cell['alarms']}/{n} false alarm",
-                f"{cell['peer_alarms']}/{n} false alarm",
-            )
-            tot["alarms"] += cell["alarms"]
-            tot["peer_alarms"] += cell["peer_alarms"]
-            tot["healthy"] += n
-        else:
-            ours, peer = f"{cell['hits']}/{n} named", f"{cell['peer_hits']}/{n} named"
-            tot["hits"] += cell["hits"]
-            tot["peer_hits"] += cell["peer_hits"]
-            tot["faults"] += n
-        print(f"{topo:<8} {wl:<7} {kind:<10} {n:>4}  {ours:>16}  {peer:>16}")
+        ours, peer = _row(kind, cell, tot)
+        print(f"{topo:<8} {wl:<7} {kind:<10} {cell['runs']:>4}  {ours:>16}  {peer:>16}")
     r_ours = tot["hits"] / max(tot["faults"], 1)
     r_peer = tot["peer_hits"] / max(tot["faults"], 1)
     print(

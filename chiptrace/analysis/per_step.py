@@ -96,6 +96,37 @@ def _sample(steps: pa.Table, max_steps: int) -> list[dict[str, Any]]:
     return steps.take(pa.array(list(range(0, n, stride))[:max_steps])).to_pylist() if n else []
 
 
+def _step_traces(steps: pa.Table, sel: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
+    """The traces whose chip work belongs to the sampled steps: (trace_id, step_id) for a
+    step alone in its trace and for the traces its root links to; (trace_id, step_id, s,
+    e) for steps that share a trace, whose work is theirs by time window."""
+    per_trace = Counter(steps.column("trace_id").to_pylist())
+    eq: list[tuple[str, str]] = []
+    win: list[tuple[str, str, int, int]] = []
+    for r in sel:
+        if per_trace[r["trace_id"]] == 1:
+            eq.append((r["trace_id"], r["span_id"]))
+        else:
+            win.append((r["trace_id"], r["span_id"], r["start_ns"], r["end_ns"]))
+        eq += [(t, r["span_id"]) for t in linked_traces(r.get("links")) if t != r["trace_id"]]
+    eq = list(dict.fromkeys(eq))
+    eq_t = pa.table(
+        {
+            "trace_id": _blob([t for t, _ in eq]),
+            "step_id": pa.array([s for _, s in eq], pa.string()),
+        }
+    )
+    win_t = pa.table(
+        {
+            "trace_id": _blob([w[0] for w in win]),
+            "step_id": pa.array([w[1] for w in win], pa.string()),
+            "s": pa.array([w[2] for w in win], pa.int64()),
+            "e": pa.array([w[3] for w in win], pa.int64()),
+        }
+    )
+    return eq_t, win_t
+
+
 def step_chips(
     con: Any, steps: pa.Table, where: str, lo: int, hi: int, max_steps: int = STRAGGLER_STEPS
 ) -> tuple[pa.Table, frozenset[str]]:
@@ -105,27 +136,9 @@ def step_chips(
     sel = _sample(steps, max_steps)
     if not sel:
         return empty_step_chips(), frozenset()
-    per_trace = Counter(steps.column("trace_id").to_pylist())
-    eq: list[tuple[str, str]] = []  # (trace, step): every chip span of the trace is the step's
-    win: list[tuple[str, str, int, int]] = []  # shared traces: by time window
-    for r in sel:
-        if per_trace[r["trace_id"]] == 1:
-            eq.append((r["trace_id"], r["span_id"]))
-        else:
-            win.append((r["trace_id"], r["span_id"], r["start_ns"], r["end_ns"]))
-        eq += [(t, r["span_id"]) for t in linked_traces(r.get("links")) if t != r["trace_id"]]
-    eq = list(dict.fromkeys(eq))
-    traces = sorted({t for t, _ in eq} | {w[0] for w in win})
+    eq_t, win_t = _step_traces(steps, sel)
+    traces = sorted({t.hex() for t in eq_t["trace_id"].to_pylist() + win_t["trace_id"].to_pylist()})
     in_list = ", ".join(f"unhex('{t}')" for t in traces)
-    eq_t = pa.table({"trace_id": _blob([t for t, _ in eq]), "step_id": [s for _, s in eq]})
-    win_t = pa.table(
-        {
-            "trace_id": _blob([w[0] for w in win]),
-            "step_id": pa.array([w[1] for w in win], pa.string()),
-            "s": pa.array([w[2] for w in win], pa.int64()),
-            "e": pa.array([w[3] for w in win], pa.int64()),
-        }
-    )
     base = f"""
         sp AS MATERIALIZED (
             SELECT trace_id, span_id, parent_span_id, CAST(chip_id AS VARCHAR) AS chip_id,

@@ -302,18 +302,8 @@ def load_tables(
     with candidates(con) as cands:
         ops, xfers = _sources(con, a, lo, hi, cands)
         workloads = load_workloads(con, where, lo, hi, n, cands, step_name) if n else []
-    chip_ops = _fill_types(_chip_ops(con, ops), "chip_id", "chip_type", type_of_chip)
-    for wk in workloads:
-        wk.step_chips = _fill_types(wk.step_chips, "chip_id", "chip_type", type_of_chip)
     util = _util(con, ops, t0, w)
-    chips = _chips(chip_ops, util)
-    # One type per chip everywhere (spans may disagree about it; the chips table decides).
-    kind = dict(zip(chips["chip_id"].to_pylist(), chips["chip_type"].to_pylist(), strict=True))
-    chip_ops = _fill_types(chip_ops, "chip_id", "chip_type", lambda c, t: kind.get(c, t))
-    for wk in workloads:
-        wk.step_chips = _fill_types(
-            wk.step_chips, "chip_id", "chip_type", lambda c, t: kind.get(c, t)
-        )
+    chips, chip_ops = _typed_chips(_chip_ops(con, ops), util, workloads)
     busy = dict(zip(chips["chip_id"].to_pylist(), chips["busy_ns"].to_pylist(), strict=True))
     workloads = busiest_first(workloads, busy)
     manifests = _manifests(con)
@@ -337,6 +327,24 @@ def load_tables(
         spans_dropped=dropped,
         window_ns=w,
     )
+
+
+def _typed_chips(
+    chip_ops: pa.Table, util: pa.Table, workloads: list[WorkloadTables]
+) -> tuple[pa.Table, pa.Table]:
+    """The chips table, and chip_ops (and each workload's step_chips) with one type per
+    chip: the one its spans record, else the one its id names (spans may disagree; the
+    chips table decides)."""
+    chip_ops = _fill_types(chip_ops, "chip_id", "chip_type", type_of_chip)
+    chips = _chips(chip_ops, util)
+    kind = dict(zip(chips["chip_id"].to_pylist(), chips["chip_type"].to_pylist(), strict=True))
+
+    def fill(c: str | None, t: str | None) -> str:
+        return kind.get(c) or type_of_chip(c, t)  # type: ignore[arg-type]
+
+    for wk in workloads:
+        wk.step_chips = _fill_types(wk.step_chips, "chip_id", "chip_type", fill)
+    return chips, _fill_types(chip_ops, "chip_id", "chip_type", fill)
 
 
 def _chips(chip_ops: pa.Table, util: pa.Table) -> pa.Table:
