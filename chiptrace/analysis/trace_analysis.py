@@ -29,6 +29,8 @@ Rule = Callable[[RuleInput], list[Finding]]
 def _service(x: RuleInput) -> list[Finding]:
     t = x.tables
     table = x.endpoints
+    if table is None and x.con is None:
+        return []
     if table is None:
         table = rn.endpoints(x.con, t.lo, t.hi, f"end_ns >= {t.lo} AND start_ns < {t.hi}")
     return rn.service(x, table)
