@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chiptrace.analysis import metrics as _metrics
+from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis import rules_chips as rc
 from chiptrace.analysis import rules_comm as rm
 from chiptrace.analysis.critical_path import critical_path
@@ -210,7 +211,11 @@ class TraceAnalysis:
         type, communication share, MFU, dropped spans."""
         f = rm.overlap_figures(self.rule_input)
         share = f["comm"] / f["step"] if f["step"] else None
-        return _metrics.headline(self.rule_input, share)
+        out = _metrics.headline(self.rule_input, share)
+        # --- issue 14 hook: per-rank GPU breakdown as HTA defines it (analysis/ranks.py).
+        out["ranks"] = rank_breakdown(self.con, self.since_ns, self.until_ns)
+        # --- end issue 14 hook
+        return out
 
     def utilization(self, window_ms: float) -> pa.Table:
         """Busy fraction per chip per time window (the `utilization` macro)."""

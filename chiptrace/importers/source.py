@@ -1,0 +1,226 @@
+"""Reading trace files: plain or gzip, whole or as a stream of Trace Event blocks.
+
+A Trace Event document (Kineto, Chrome, Perfetto JSON) is one object whose `traceEvents`
+array holds millions of small objects. Loading it whole costs ~10x its size in Python
+objects (HTA needs 950 GB of RAM for 200 GB of traces), so `TraceEventStream` reads it in
+blocks of a few MiB, cuts each block after the last `}` `,` `{` boundary in it and
+decodes the events before that cut with one msgspec call. A cut that falls inside a
+nested object or a string does not decode (the brackets or quotes are unbalanced), so a
+failed decode just moves the cut back to the previous boundary: the decoder, not a
+hand-written scanner, decides what a complete event is. Memory: one block and its events.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from typing import IO, Any
+
+import msgspec
+
+from chiptrace.errors import ChiptraceError
+
+BLOCK_BYTES = 8 << 20  # events decoded per call; ~40k Kineto events, ~30 MB of structs
+_READ_BYTES = 4 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_WS = b" \t\r\n"
+
+
+class TraceFormatError(ChiptraceError):
+    """A file that is not a trace of the expected format, or is cut short."""
+
+
+def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
+    """The file's bytes, gunzipped when it starts with the gzip magic (whatever its name).
+
+    Raises:
+        TraceFormatError: the file cannot be opened.
+    """
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+    except OSError as e:
+        raise TraceFormatError(f"cannot read {path}: {e.strerror}") from e
+    if fh.read(2) == _GZIP_MAGIC:
+        fh.close()
+        return gzip.open(path, "rb")
+    fh.seek(0)
+    return fh
+
+
+def read_some(fh: IO[bytes], path: Any, n: int = _READ_BYTES) -> bytes:
+    """Read up to n bytes, turning a damaged gzip stream into one TraceFormatError."""
+    try:
+        return fh.read(n)
+    except EOFError:
+        raise TraceFormatError(
+            f"{path}: truncated gzip (the compressed stream ends early); expected a complete "
+            ".json.gz file"
+        ) from None
+    except (gzip.BadGzipFile, zlib.error, OSError) as e:
+        raise TraceFormatError(
+            f"{path}: damaged gzip ({e}); expected a .json or .json.gz file"
+        ) from None
+
+
+def head(path: str | os.PathLike[str], n: int = 64 << 10) -> bytes:
+    """The first n bytes of the (gunzipped) file, for format detection."""
+    with open_binary(path) as fh:
+        return read_some(fh, path, n)
+
+
+def read_all(path: str | os.PathLike[str]) -> bytes:
+    """The whole (gunzipped) file: for the small document formats (OTLP JSON, Jaeger)."""
+    chunks = []
+    with open_binary(path) as fh:
+        while chunk := read_some(fh, path):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _skip_ws(buf: bytes | bytearray, i: int) -> int:
+    while i < len(buf) and buf[i] in _WS:
+        i += 1
+    return i
+
+
+class TraceEventStream:
+    """Blocks of decoded events from a Trace Event document, and its other top-level keys.
+
+    Iterate for lists of decoded events (`event_type` structs); after the iteration,
+    `header` holds every top-level key but `traceEvents` (`baseTimeNanoseconds`,
+    `distributedInfo`, ... may come after the array, so it is complete only at the end).
+    `header_before` has the keys that came before the array.
+
+    Raises (while iterating):
+        TraceFormatError: not a Trace Event document, malformed JSON, or cut short.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], event_type: Any) -> None:
+        self.path = path
+        self._decoder = msgspec.json.Decoder(list[event_type])
+        self._any = msgspec.json.Decoder()
+        self.header: dict[str, Any] = {}
+        self.header_before: dict[str, Any] = {}
+        self.bytes_read = 0
+        self._bare = False
+
+    def _bad(self, what: str) -> TraceFormatError:
+        return TraceFormatError(
+            f"{self.path}: {what}; expected Trace Event JSON "
+            '({"traceEvents": [...]} or a [...] of events)'
+        )
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        with open_binary(self.path) as fh:
+            buf = bytearray()
+            eof = False
+            while not eof and len(buf) < (1 << 26):  # the keys before the array: 64 MiB at most
+                m = _EVENTS_KEY.search(buf)
+                if m or (buf and buf.lstrip(_WS)[:1] == b"["):
+                    break
+                chunk = self._read(fh)
+                eof = not chunk
+                buf += chunk
+            start = self._open_array(buf)
+            yield from self._blocks(fh, buf, start, eof)
+
+    def _read(self, fh: IO[bytes]) -> bytes:
+        chunk = read_some(fh, self.path)
+        self.bytes_read += len(chunk)
+        return chunk
+
+    def _open_array(self, buf: bytearray) -> int:
+        first = _skip_ws(buf, 0)
+        if first < len(buf) and buf[first : first + 1] == b"[":
+            self._bare = True
+            return first + 1  # a bare array of events (the Chrome format allows it)
+        m = _EVENTS_KEY.search(buf)
+        if first >= len(buf) or buf[first : first + 1] != b"{" or not m:
+            raise self._bad("no traceEvents array")
+        before = bytes(buf[first : m.start()]).rstrip(_WS).rstrip(b",")
+        try:
+            self.header_before = self._any.decode(before + b"}") if before != b"{" else {}
+        except msgspec.DecodeError as e:
+            raise self._bad(f"malformed JSON before traceEvents ({e})") from None
+        self.header.update(self.header_before)
+        return m.end()
+
+    def _blocks(self, fh: IO[bytes], buf: bytearray, start: int, eof: bool) -> Iterator[list[Any]]:
+        while True:
+            while not eof and len(buf) - start < BLOCK_BYTES:
+                chunk = self._read(fh)
+                eof = not chunk
+                buf += chunk
+            cut = self._cut(buf, start, len(buf))
+            if cut is not None:
+                events, start = cut
+                if events:
+                    yield events
+                if len(buf) - start < BLOCK_BYTES or not eof:
+                    del buf[:start]
+                    start = 0
+                continue
+            if not eof:
+                # One event bigger than a block: read on until a boundary arrives.
+                chunk = self._read(fh)
+                eof = not chunk
+                buf += chunk
+                continue
+            yield from self._tail(buf, start)
+            return
+
+    def _cut(self, buf: bytearray, start: int, end: int) -> tuple[list[Any], int] | None:
+        """Decode the events before the last boundary that gives valid JSON, or None."""
+        window = max(start, end - (1 << 20))
+        while True:
+            matches = [m.start() for m in _BOUNDARY.finditer(buf, window, end)]
+            for pos in reversed(matches):
+                try:
+                    events = self._decoder.decode(b"[" + buf[start : pos + 1] + b"]")
+                except msgspec.ValidationError as e:
+                    raise self._bad(f"an event of the wrong shape ({e})") from None
+                except msgspec.DecodeError:
+                    continue  # the cut fell inside a nested object or a string
+                return events, buf.index(b",", pos + 1) + 1
+            if window == start:
+                return None
+            end, window = window + 64, max(start, window - (1 << 20))
+
+    def _tail(self, buf: bytearray, start: int) -> Iterator[list[Any]]:
+        """The last event(s), the array's `]`, and the keys after it."""
+        rest = bytes(buf[start:]).rstrip(_WS)
+        ends = [i for i, c in enumerate(rest) if c == 0x5D][::-1]  # each `]`, last first
+        if self._bare and not rest.endswith(b"]"):
+            ends.insert(0, len(rest))  # Chrome allows an array without its closing `]`
+        for k in ends:
+            try:
+                extra = self._trailer(rest[k + 1 :].strip(_WS))
+                events = self._decoder.decode(b"[" + rest[:k] + b"]")
+            except msgspec.ValidationError as e:
+                raise self._bad(f"an event of the wrong shape ({e})") from None
+            except msgspec.DecodeError:
+                continue
+            self.header.update(extra)
+            if events:
+                yield events
+            return
+        raise self._bad("malformed or truncated JSON in or after the traceEvents array")
+
+    def _trailer(self, trailer: bytes) -> dict[str, Any]:
+        if self._bare:
+            if trailer:
+                raise msgspec.DecodeError("text after the array")
+            return {}
+        if trailer == b"}":
+            return {}
+        if not trailer.startswith(b","):
+            raise msgspec.DecodeError("not a trailer")
+        out = self._any.decode(b"{" + trailer[1:])
+        if not isinstance(out, dict):
+            raise msgspec.DecodeError("not an object")
+        return out
