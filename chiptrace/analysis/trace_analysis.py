@@ -12,11 +12,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chiptrace.analysis import metrics as _metrics
-from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis import rules_chips as rc
 from chiptrace.analysis import rules_comm as rm
 from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
+from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis.steps import Step, load_steps, pick_steps
 from chiptrace.analysis.tables import TraceTables, load_tables
 

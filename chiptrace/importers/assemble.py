@@ -127,6 +127,18 @@ class Assembler:
         has_step = t.step_row >= 0
         step_trace[has_step] = [lut[int(s)] for s in step[t.step_row[has_step]]]
         table = trace_ids_to_binary(self._traces)
+        trace_col = None
+        given = [b.ids for b in f.blocks if b.ids is not None]
+        if given:  # the file carries its own ids (chiptrace's Chrome export): keep them
+            g_span = np.concatenate([g["span"] for g in given])
+            g_parent = np.concatenate([g["parent"] for g in given])
+            g_trace = [t for g in given for t in g["trace"]]
+            has = g_span != 0
+            span_ids = np.where(has, g_span, span_ids)
+            parents = np.where(has, g_parent, parents)
+            trace_col = trace_ids_to_binary(
+                [t if t else self._traces[k] for t, k in zip(g_trace, step_trace, strict=True)]
+            )
         has_link = t.launch_row >= 0
         links = None
         if has_link.any():
@@ -148,7 +160,11 @@ class Assembler:
                 cols["link_dst"] = _prefixed(cols["link_dst"], lambda v: prefix + v)
                 cols["link_id"] = _prefixed(cols["link_id"], lambda v: _qualify_link(v, prefix))
             cols.update(
-                trace_id=table.take(pa.array(step_trace[sl])),
+                trace_id=(
+                    trace_col.slice(row, k)
+                    if trace_col is not None
+                    else table.take(pa.array(step_trace[sl]))
+                ),
                 span_id=ids_to_binary(span_ids[sl]),
                 parent_span_id=ids_to_binary(parents[sl], zero_is_null=True),
                 start_ns=pa.array(start[sl] + offset),
@@ -157,6 +173,7 @@ class Assembler:
                 **{
                     c: pa.DictionaryArray.from_arrays(np.zeros(k, np.int32), [v])
                     for c, v in const.items()
+                    if cols.get(c) is None or cols[c].null_count == k
                 },
             )
             self.staging.write(_batch(cols, k))

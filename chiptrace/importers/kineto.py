@@ -300,7 +300,7 @@ class KinetoReader:
             ).dictionary_encode()
             columns["link_src"] = ev.dict_column(link_src)
             columns["link_dst"] = ev.dict_column(link_dst)
-        return _static_batch(columns, n)
+        return static_batch(columns, n)
 
     def _thread_keys(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
         pairs = np.stack([pid, tid], axis=1)
@@ -312,7 +312,7 @@ class KinetoReader:
         return ids[inverse.reshape(-1)]
 
 
-def _static_batch(columns: dict[str, Any], n: int) -> pa.RecordBatch:
+def static_batch(columns: dict[str, Any], n: int) -> pa.RecordBatch:
     from chiptrace.importers.plan import STATIC_COLUMNS
     from chiptrace.schema import SPAN_SCHEMA
 
@@ -320,6 +320,8 @@ def _static_batch(columns: dict[str, Any], n: int) -> pa.RecordBatch:
     for name in STATIC_COLUMNS:
         field = SPAN_SCHEMA.field(name)
         value = columns.get(name)
+        if value is None and name in ("kind", "status_code"):
+            value = pa.array(np.full(n, 1 if name == "kind" else 0, np.int8))
         arr = pa.nulls(n, field.type) if value is None else value
         if arr.type != field.type:
             arr = arr.cast(field.type)

@@ -33,6 +33,13 @@ STATIC_COLUMNS = (
     "op_bytes",
     "attributes",
     "pid",
+    "service",
+    "kind",
+    "status_code",
+    "status_message",
+    "op_flops",
+    "op_precision",
+    "events",
 )
 
 
