@@ -219,7 +219,7 @@ class KinetoReader:
                     self.facts.nccl_ends.append(int(end[i]))
                 elif a.bytes >= 0:
                     op_bytes[i] = a.bytes
-                if direction:
+                if direction and a.bytes >= 0:  # a transfer always carries op.bytes
                     link[i] = (direction, f"{ctype}:{dev}")
             elif cat in FREE_CATS:
                 role[i], op_kind[i], chip[i] = ROLE_FREE, None, -1

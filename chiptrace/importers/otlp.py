@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from chiptrace.importers.plan import FileFacts
 from chiptrace.importers.source import TraceFormatError, open_binary, read_some
+from chiptrace.schema import chip_type_of
 
 _EXPECTED = 'expected OTLP JSON ({"resourceSpans": [...]}) or JSON Lines of it'
 
@@ -28,6 +29,17 @@ def _documents(path: Path) -> Iterator[tuple[int, bytes]]:
             yield from ((i + 1, ln) for i, ln in enumerate(lines))
             return
     yield 1, data
+
+
+def _with_chip_types(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """chip.type from chip.id where a sender gave only the id."""
+    chip, kind = batch.column("chip_id"), batch.column("chip_type")
+    if chip.null_count == len(chip) or kind.null_count < len(kind):
+        return batch
+    types = pa.array([chip_type_of(v) for v in chip.dictionary.to_pylist()], pa.string())
+    derived = pa.DictionaryArray.from_arrays(chip.indices, types)
+    i = batch.schema.get_field_index("chip_type")
+    return batch.set_column(i, batch.schema.field(i), derived)
 
 
 def read_otlp(path: Path, facts: FileFacts) -> Iterator[pa.RecordBatch]:
@@ -49,6 +61,6 @@ def read_otlp(path: Path, facts: FileFacts) -> Iterator[pa.RecordBatch]:
         skipped += got.rejected
         facts.events += got.batch.num_rows + got.rejected
         if got.batch.num_rows:
-            yield got.batch
+            yield _with_chip_types(got.batch)
     facts.categories = {"span": facts.events - skipped}
     facts.tally = {"skipped": {"bad span id": skipped} if skipped else {}}
