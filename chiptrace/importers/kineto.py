@@ -258,10 +258,10 @@ class KinetoReader:
         names = list(chips)
         valid = chip >= 0
         chip_arr = pa.DictionaryArray.from_arrays(
-            pa.array(chip, pa.int32(), mask=~valid), pa.array(names, pa.string())
+            ev.masked(chip, valid, pa.int32()), pa.array(names, pa.string())
         )
         types = pa.DictionaryArray.from_arrays(
-            pa.array(chip, pa.int32(), mask=~valid),
+            ev.masked(chip, valid, pa.int32()),
             pa.array([c.partition(":")[0] for c in names], pa.string()),
         )
         link_id, link_src, link_dst = [None] * n, [None] * n, [None] * n
@@ -277,7 +277,7 @@ class KinetoReader:
             '"kineto.cat":',
             cat_json.take(cats.indices),
             ',"thread.id":',
-            pa.array([ev.json_text(t) for t in rows.tid], pa.string()),
+            ev.json_texts(rows.tid),
             "",
         )
         columns = {
@@ -285,12 +285,12 @@ class KinetoReader:
             "chip_id": chip_arr,
             "chip_type": types,
             "op_kind": pa.array(op_kind, pa.string()).dictionary_encode(),
-            "op_bytes": pa.array(op_bytes, pa.int64(), mask=op_bytes < 0),
+            "op_bytes": ev.masked(op_bytes, op_bytes >= 0, pa.int64()),
             "attributes": ev.args_attributes(rows.args, prefix),
-            "pid": pa.array(
+            "pid": ev.masked(
                 np.where((pid >= 0) & (pid < 1 << 31), pid, 0),
+                (pid >= 0) & (pid < 1 << 31),
                 pa.int32(),
-                mask=(pid < 0) | (pid >= 1 << 31),
             ),
         }
         if has_link:
