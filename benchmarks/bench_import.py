@@ -54,7 +54,7 @@ def synthesize(path: Path, size_mb: int) -> int:
                     e2["id"] = e2["id"] + c * 1_000_000
                 fh.write(("" if n == 0 else ",\n") + json.dumps(e2))
                 n += 1
-        fh.write('\n], "baseTimeNanoseconds": %d}\n' % doc.get("baseTimeNanoseconds", 0))
+        fh.write(f'\n], "baseTimeNanoseconds": {doc.get("baseTimeNanoseconds", 0)}}}\n')
     return n
 
 
