@@ -28,6 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="align rank clocks on the ends of their NCCL collectives "
         "(auto: where two or more ranks have them)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes decoding Kineto files beside this one (default: one per CPU, at "
+        "most 4, for 48 MB of Kineto files or more; 0: none)",
+    )
     p.add_argument("--json", action="store_true", help="print the import summary as JSON")
 
 
@@ -66,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             format=args.format,
             align=args.align,
             progress=bar if bar.on else None,
+            workers=args.workers,
         )
     finally:
         bar.close()

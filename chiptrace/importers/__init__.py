@@ -81,6 +81,7 @@ def import_trace(
     format: str = "auto",
     align: str = "auto",
     progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
 ) -> ImportSummary:
     """Import trace files into the trace dir `out` (created if missing).
 
@@ -91,6 +92,8 @@ def import_trace(
         align: rank clocks: `auto` (aligned on NCCL collectives when two or more ranks have
             them), `nccl`, or `none`.
         progress: called with (bytes read, bytes in all files) as the import goes.
+        workers: processes that decode Kineto files beside this one (0: none); default
+            one per CPU, at most 4, when the Kineto files hold 48 MB or more.
 
     Returns:
         What was stored (`ImportSummary`).
@@ -114,6 +117,7 @@ def import_trace(
     files = expand_inputs(paths)
     formats = [detect(f) if format == "auto" else format for f in files]
     t0 = time.perf_counter()
-    summary = run_import(files, formats, Path(out), align, secrets.token_bytes(16), progress)
+    seed = secrets.token_bytes(16)
+    summary = run_import(files, formats, Path(out), align, seed, progress, workers)
     summary.seconds = time.perf_counter() - t0
     return summary

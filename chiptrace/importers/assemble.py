@@ -14,13 +14,27 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from chiptrace.importers import tree
+from chiptrace.importers import arrow, tree
 from chiptrace.importers.plan import Block, FileFacts, concat
-from chiptrace.importers.writer import Staging
+from chiptrace.importers.writer import Staging, read_spill
 from chiptrace.schema import SPAN_SCHEMA, dumps, ids_to_binary, trace_ids_to_binary
 
-_DICT = pa.dictionary(pa.int32(), pa.string())
 _US = 1000
+
+
+@dataclass
+class _Ids:
+    span: np.ndarray  # uint64
+    parent: np.ndarray  # uint64, 0 for none
+    trace: np.ndarray  # index into Assembler._traces
+    given_trace: pa.Array | None = None  # the file's own trace ids, where it has them
+
+
+def fixed_binary(rows: np.ndarray) -> pa.FixedSizeBinaryArray:
+    """A fixed_size_binary[w] array from an (n, w) uint8 matrix."""
+    n, w = rows.shape
+    data = pa.py_buffer(np.ascontiguousarray(rows))
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(w), n, [None, data])
 
 
 @dataclass
@@ -43,18 +57,18 @@ def align_offsets(files: list[Pending], mode: str) -> dict[int, int]:
     Args:
         mode: `nccl`, `none`, or `auto` (nccl when two or more files have NCCL kernels).
     """
-    with_nccl = [f for f in files if f.facts.nccl_ends]
+    with_nccl = [f for f in files if len(f.facts.nccl_ends)]
     if mode == "none" or len(with_nccl) < 2 or (mode == "auto" and len(with_nccl) < 2):
         return {f.no: 0 for f in files}
     ref = min(
         with_nccl, key=lambda f: (f.facts.rank if f.facts.rank is not None else 1 << 30, f.no)
     )
-    ref_ends = np.sort(np.array(ref.facts.nccl_ends, np.int64)) + ref.facts.base_ns
+    ref_ends = np.sort(ref.facts.nccl_ends) + ref.facts.base_ns
     out = {f.no: 0 for f in files}
     for f in with_nccl:
         if f is ref:
             continue
-        ends = np.sort(np.array(f.facts.nccl_ends, np.int64)) + f.facts.base_ns
+        ends = np.sort(f.facts.nccl_ends) + f.facts.base_ns
         k = min(len(ends), len(ref_ends))
         gap = int(np.median(ref_ends[:k] - ends[:k]))
         out[f.no] = int(round(gap / _US)) * _US
@@ -75,7 +89,7 @@ def _prefixed(arr: pa.Array, fn: Any) -> pa.Array:
     if arr.null_count == len(arr):
         return arr
     values = [fn(v) for v in arr.dictionary.to_pylist()]
-    return pa.DictionaryArray.from_arrays(arr.indices, pa.array(values, pa.string()))
+    return pa.DictionaryArray.from_arrays(arr.indices, arrow.strings(values))
 
 
 def _qualify_link(link: str, prefix: str) -> str:
@@ -112,45 +126,17 @@ class Assembler:
 
     def _file(self, f: Pending, prefix: str) -> int:
         start, end = f.column("start"), f.column("end")
-        role, step = f.column("role"), f.column("step")
         n = len(start)
         if n == 0:
             return 0
-        t = tree.build(start, end, f.column("thread"), role, f.column("corr"))
-        base = np.uint64(f.no << 40) + self._seed_int
-        span_ids = tree.splitmix64(base + np.arange(1, n + 1, dtype=np.uint64))
-        parents = np.where(t.parent >= 0, span_ids[np.maximum(t.parent, 0)], np.uint64(0))
-        rest = self._trace(("file", f.no))
-        steps = np.unique(step[step >= 0])
-        lut = {int(s): self._trace(("step", int(s))) for s in steps}
-        step_trace = np.full(n, rest, np.int64)
-        has_step = t.step_row >= 0
-        step_trace[has_step] = [lut[int(s)] for s in step[t.step_row[has_step]]]
-        table = trace_ids_to_binary(self._traces)
-        trace_col = None
-        given = [b.ids for b in f.blocks if b.ids is not None]
-        if given:  # the file carries its own ids (chiptrace's Chrome export): keep them
-            g_span = np.concatenate([g["span"] for g in given])
-            g_parent = np.concatenate([g["parent"] for g in given])
-            g_trace = [t for g in given for t in g["trace"]]
-            has = g_span != 0
-            span_ids = np.where(has, g_span, span_ids)
-            parents = np.where(has, g_parent, parents)
-            trace_col = trace_ids_to_binary(
-                [t if t else self._traces[k] for t, k in zip(g_trace, step_trace, strict=True)]
-            )
-        has_link = t.launch_row >= 0
-        links = None
-        if has_link.any():
-            lr = np.maximum(t.launch_row, 0)
-            trace_hex = pa.array([tid.hex() for tid in self._traces], pa.string())
-            links = tree.link_column(
-                has_link, trace_hex.take(pa.array(step_trace[lr])), tree.hex64(span_ids[lr])
-            )
+        t = tree.build(start, end, f.column("thread"), f.column("role"), f.column("corr"))
+        ids = self._ids(f, t)
+        traces = np.frombuffer(b"".join(self._traces), np.uint8).reshape(-1, 16)
         offset = f.facts.base_ns + self.offsets.get(f.no, 0)
         const = self._constants(f, prefix)
         row = 0
-        for static in self.staging.read_spill(f.no):
+        for block in f.blocks:
+            static = read_spill(block.spill)  # type: ignore[arg-type] - staged by the reader
             k = static.num_rows
             sl = slice(row, row + k)
             cols = dict(zip(static.schema.names, static.columns, strict=True))
@@ -159,19 +145,22 @@ class Assembler:
                 cols["link_src"] = _prefixed(cols["link_src"], lambda v: prefix + v)
                 cols["link_dst"] = _prefixed(cols["link_dst"], lambda v: prefix + v)
                 cols["link_id"] = _prefixed(cols["link_id"], lambda v: _qualify_link(v, prefix))
+            launch = t.launch_row[sl]
+            has_link = launch >= 0
+            lr = launch[has_link]
             cols.update(
                 trace_id=(
-                    trace_col.slice(row, k)
-                    if trace_col is not None
-                    else table.take(pa.array(step_trace[sl]))
+                    ids.given_trace.slice(row, k)
+                    if ids.given_trace is not None
+                    else fixed_binary(traces[ids.trace[sl]])
                 ),
-                span_id=ids_to_binary(span_ids[sl]),
-                parent_span_id=ids_to_binary(parents[sl], zero_is_null=True),
-                start_ns=pa.array(start[sl] + offset),
-                end_ns=pa.array(end[sl] + offset),
-                links=links.slice(row, k) if links is not None else pa.nulls(k, pa.string()),
+                span_id=ids_to_binary(ids.span[sl]),
+                parent_span_id=ids_to_binary(ids.parent[sl], zero_is_null=True),
+                start_ns=arrow.numeric(start[sl] + offset),
+                end_ns=arrow.numeric(end[sl] + offset),
+                links=tree.link_column(has_link, traces[ids.trace[lr]], ids.span[lr]),
                 **{
-                    c: pa.DictionaryArray.from_arrays(np.zeros(k, np.int32), [v])
+                    c: arrow.constant(v, k)
                     for c, v in const.items()
                     if cols.get(c) is None or cols[c].null_count == k
                 },
@@ -179,6 +168,33 @@ class Assembler:
             self.staging.write(_batch(cols, k))
             row += k
         return n
+
+    def _ids(self, f: Pending, t: tree.Tree) -> _Ids:
+        """Span and parent ids, and each span's trace (an index into self._traces)."""
+        n = len(t.parent)
+        step = f.column("step")
+        base = np.uint64(f.no << 40) + self._seed_int
+        span_ids = tree.splitmix64(base + np.arange(1, n + 1, dtype=np.uint64))
+        parents = np.where(t.parent >= 0, span_ids[np.maximum(t.parent, 0)], np.uint64(0))
+        steps = np.unique(step[step >= 0])
+        lut = np.array([self._trace(("step", s)) for s in steps.tolist()], np.int64)
+        trace = np.full(n, self._trace(("file", f.no)), np.int64)
+        has_step = t.step_row >= 0
+        trace[has_step] = lut[np.searchsorted(steps, step[t.step_row[has_step]])]
+        given = [b.ids for b in f.blocks if b.ids is not None]
+        if not given:
+            return _Ids(span_ids, parents, trace)
+        # The file carries its own ids (chiptrace's Chrome export): keep them.
+        g_span = np.concatenate([g["span"] for g in given])
+        g_parent = np.concatenate([g["parent"] for g in given])
+        g_trace = [x for g in given for x in g["trace"]]
+        has = g_span != 0
+        given_trace = trace_ids_to_binary(
+            [x if x else self._traces[k] for x, k in zip(g_trace, trace.tolist(), strict=True)]
+        )
+        return _Ids(
+            np.where(has, g_span, span_ids), np.where(has, g_parent, parents), trace, given_trace
+        )
 
     def _constants(self, f: Pending, prefix: str) -> dict[str, str]:
         facts = f.facts
@@ -203,9 +219,9 @@ def _batch(cols: dict[str, Any], n: int) -> pa.RecordBatch:
         arr = cols.get(fld.name)
         if arr is None:
             if fld.name == "kind":
-                arr = pa.array(np.ones(n, np.int8))
+                arr = arrow.numeric(np.ones(n, np.int8))
             elif fld.name == "status_code":
-                arr = pa.array(np.zeros(n, np.int8))
+                arr = arrow.numeric(np.zeros(n, np.int8))
             else:
                 arr = pa.nulls(n, fld.type)
         elif arr.type != fld.type:

@@ -9,7 +9,7 @@ the file's `otherData.t0_unix_ns`: a chiptrace export imports back to the same s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -17,10 +17,10 @@ import numpy as np
 import pyarrow as pa
 
 from chiptrace.importers import events as ev
-from chiptrace.importers.kineto import static_batch
 from chiptrace.importers.plan import ROLE_CPU, Block, FileFacts
 from chiptrace.importers.source import TraceEventStream
 from chiptrace.importers.spans import columns_of
+from chiptrace.importers.writer import write_spill
 
 _ANY = msgspec.json.Decoder(list[Any])
 _RESERVED = ("trace_id", "span_id", "parent_span_id", "service", "status")
@@ -39,9 +39,11 @@ class ChromeReader:
         self._threads: dict[tuple[int, int], int] = {}
         self._process: dict[Any, str] = {}
 
-    def blocks(self) -> Iterator[Block]:
+    def blocks(self, spill_for: Callable[[int], str], pool: Any = None) -> Iterator[Block]:
+        """The file's blocks, their static columns staged in `spill_for(block number)`
+        (mapped here: B/E pairs span blocks, so `pool` is not used)."""
         cats: dict[str, int] = {}
-        for events in self.stream:
+        for no, events in enumerate(self.stream):
             self.facts.events += len(events)
             others: list[ev.Event] = []
             rows = ev.split_block(events, self.tally, others)
@@ -51,7 +53,11 @@ class ChromeReader:
             if len(rows):
                 for c in rows.cat:
                     cats[c] = cats.get(c, 0) + 1
-                yield self._block(rows)
+                block = self._block(rows)
+                block.spill = spill_for(no)
+                write_spill(block.spill, block.static)
+                block.static = None
+                yield block
         other = self.stream.header.get("otherData")
         if isinstance(other, dict) and isinstance(other.get("t0_unix_ns"), int):
             self.facts.base_ns = other["t0_unix_ns"]
@@ -94,7 +100,7 @@ class ChromeReader:
 
     def _block(self, rows: ev.Rows) -> Block:
         n = len(rows)
-        pid, tid = ev.id_ints(rows.pid), ev.id_ints(rows.tid)
+        pid, tid = ev.id_ints(list(rows.pid))[0], ev.id_ints(list(rows.tid))[0]
         start = ev.us_to_ns(rows.ts)
         end = start + np.rint(np.asarray(rows.dur, np.float64) * 1000).astype(np.int64)
         args = _ANY.decode(b"[" + b",".join(bytes(a) or b"{}" for a in rows.args) + b"]")
@@ -124,7 +130,7 @@ class ChromeReader:
         cols = columns_of(spans)
         columns = {k: pa.array(v) for k, v in cols.items() if any(x is not None for x in v)}
         columns["pid"] = pa.array(np.clip(pid, 0, (1 << 31) - 1), pa.int32())
-        static = static_batch(columns, n)
+        static = ev.static_batch(columns, n)
         thread = np.array(
             [
                 self._threads.setdefault((int(p), int(t)), len(self._threads))

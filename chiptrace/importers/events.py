@@ -8,6 +8,7 @@ parsed into dicts and dumped again (that round trip is most of a json.load's cos
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 from collections import Counter
@@ -19,7 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-_NO_ARGS = msgspec.Raw(b"")
+from chiptrace.importers import arrow
+
+_NO_ARGS = msgspec.Raw(b"{}")
+_MIN, _MAX = -(1 << 62), 1 << 62
 
 
 class Event(msgspec.Struct, gc=False):
@@ -95,60 +99,100 @@ def us_to_ns(values: Any) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((arr - whole) * 1000).astype(np.int64)
 
 
-def id_ints(values: Any) -> np.ndarray:
-    """pid / tid values as int64; text ids ("Spans", "") get stable negative stand-ins."""
+def id_ints(values: list[Any]) -> tuple[np.ndarray, list[int]]:
+    """pid / tid values as int64, and the rows whose value is no integer below 2**62: text
+    ids ("Spans", "") and huge numbers, which get stable negative stand-ins."""
+    odd: list[int] = []
     try:
-        return np.asarray(values, dtype=np.int64)
+        ints = np.array(values, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
-        return np.array([text_id(v) for v in values], dtype=np.int64)
+        isint = np.fromiter(map(isinstance, values, itertools.repeat(int)), bool, len(values))
+        odd = np.flatnonzero(~isint).tolist()
+        clean = list(values)
+        for i in odd:
+            clean[i] = text_id(values[i])
+        try:
+            ints = np.array(clean, np.int64)
+        except OverflowError:  # integers beyond 64 bits: rare enough to go one by one
+            ints = np.array([text_id(v) for v in values], np.int64)
+            return ints, [i for i, v in enumerate(values) if text_id(v) != v]
+    if len(ints) and not (ints.min() > _MIN and ints.max() < _MAX):
+        big = np.flatnonzero((ints <= _MIN) | (ints >= _MAX)).tolist()
+        ints[big] = [text_id(values[i]) for i in big]
+        odd = sorted(set(odd) | set(big))
+    return ints, odd
 
 
 def text_id(value: Any) -> int:
-    if isinstance(value, int) and -(1 << 62) < value < (1 << 62):
+    if isinstance(value, int) and _MIN < value < _MAX:
         return value
     return -1 - (int.from_bytes(str(value).encode()[:7].ljust(7, b"\0"), "big") & ((1 << 55) - 1))
 
 
-def dict_column(values: Any) -> pa.DictionaryArray:
-    """A dictionary<int32, string> column from Python strings."""
-    return pa.array(values, pa.string()).dictionary_encode()
-
-
-def masked(values: Any, valid: np.ndarray, type: pa.DataType) -> pa.Array:
-    """values with nulls where not valid. (pa.array's mask= imports pandas: ~0.5 s.)"""
-    arr = pa.array(values, type)
-    if valid.all():
-        return arr
-    return pc.if_else(pa.array(valid), arr, pa.scalar(None, type))
-
-
-def json_texts(values: tuple[Any, ...]) -> pa.Array:
-    """JSON text of each value; whole numbers by a vectorised cast, not a dumps per row."""
-    try:
-        return pa.array(np.asarray(values, dtype=np.int64)).cast(pa.string())
-    except (TypeError, ValueError, OverflowError):
-        return pa.array([json_text(v) for v in values], pa.string())
+def json_texts(values: list[Any], ints: tuple[np.ndarray, list[int]]) -> pa.Array:
+    """JSON text of each value (`ints`: id_ints(values)); integers by a vectorised cast,
+    the few others (text thread names) one by one."""
+    text = arrow.numeric(ints[0]).cast(pa.string())
+    odd = ints[1]
+    if not odd:
+        return text
+    mask = np.zeros(len(values), bool)
+    mask[odd] = True
+    return pc.replace_with_mask(
+        text, arrow.booleans(mask), arrow.strings([json_text(values[i]) for i in odd])
+    )
 
 
 def json_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def args_attributes(args: tuple[msgspec.Raw, ...], prefix: pa.Array) -> pa.Array:
+def args_attributes(args: list[msgspec.Raw], prefix: list[pa.Array | pa.Scalar]) -> pa.Array:
     """`{<prefix>, <the args' members>}` per row: the raw args spliced as text.
 
     Args:
-        args: raw JSON objects (empty for events without args).
-        prefix: per row, JSON members without braces (`"a":1,"b":"x"`), never empty.
+        args: the raw JSON of each row's args (`{}` for events without).
+        prefix: pieces that join, per row, to JSON members without braces
+            (`"a":1,"b":"x"`), never empty.
     """
-    raw = pa.array([bytes(a) for a in args], pa.binary())
+    n = len(args)
+    data = b"".join(args)
+    lengths = np.fromiter(map(len, args), np.int32, n)
+    raw = arrow.binary_from(data, lengths)
     try:
         text = raw.cast(pa.string())
     except pa.ArrowInvalid:  # not UTF-8: keep what decodes, as JSON strings would
-        text = pa.array([bytes(a).decode("utf-8", "replace") for a in args], pa.string())
-    body = pc.utf8_trim_whitespace(text)
-    is_obj = pc.and_(pc.starts_with(body, "{"), pc.ends_with(body, "}"))
-    inner = pc.utf8_trim_whitespace(pc.utf8_slice_codeunits(body, 1, -1))
-    inner = pc.if_else(is_obj, inner, "")
-    sep = pc.if_else(pc.greater(pc.utf8_length(inner), 0), ",", "")
-    return pc.binary_join_element_wise("{", prefix, sep, inner, "}", "")
+        text = arrow.strings([bytes(a).decode("utf-8", "replace") for a in args])
+    # A Raw value has no whitespace around it: an object is `{...}` exactly.
+    buf = np.frombuffer(data, np.uint8)
+    ends = np.cumsum(lengths, dtype=np.int64)
+    starts = ends - lengths
+    is_obj = lengths >= 2
+    is_obj[is_obj] = (buf[starts[is_obj]] == 0x7B) & (buf[ends[is_obj] - 1] == 0x7D)
+    inner = pc.utf8_trim_whitespace(pc.utf8_slice_codeunits(text, 1, -1))
+    if not is_obj.all():
+        inner = pc.if_else(arrow.booleans(is_obj), inner, arrow.scalar(""))
+    filled = arrow.to_numpy(pc.binary_length(inner), np.int32) > 0
+    sep = arrow.binary_from(b"," * int(filled.sum()), filled.astype(np.int32), pa.string())
+    return pc.binary_join_element_wise(
+        arrow.scalar("{"), *prefix, sep, inner, arrow.scalar("}"), arrow.scalar("")
+    )
+
+
+def static_batch(columns: dict[str, Any], n: int) -> pa.RecordBatch:
+    """The STATIC_COLUMNS of one block from the columns given (null where not given)."""
+    from chiptrace.importers.plan import STATIC_COLUMNS
+    from chiptrace.schema import SPAN_SCHEMA
+
+    arrays, fields = [], []
+    for name in STATIC_COLUMNS:
+        field_ = SPAN_SCHEMA.field(name)
+        value = columns.get(name)
+        if value is None and name in ("kind", "status_code"):
+            value = arrow.numeric(np.full(n, 1 if name == "kind" else 0, np.int8))
+        arr = pa.nulls(n, field_.type) if value is None else value
+        if arr.type != field_.type:
+            arr = arr.cast(field_.type)
+        arrays.append(arr)
+        fields.append(field_)
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))

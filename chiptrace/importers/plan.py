@@ -2,7 +2,7 @@
 
 A block is split in two: the columns that are final once the block is read (name, chip,
 link, op, attributes) go to the staging file; the few numbers the cross-event work needs
-(times, thread, role, correlation, step) stay in memory, about 40 bytes a span, until every
+(times, thread, role, correlation, step) stay in memory, about 37 bytes a span, until every
 file is read and parents, trace ids, clock offsets and launch links can be decided.
 """
 
@@ -47,15 +47,16 @@ STATIC_COLUMNS = (
 class Block:
     """One block's spans: static columns (staged on disk) and the numbers kept in memory."""
 
-    static: pa.RecordBatch
+    static: pa.RecordBatch | None  # None once staged in `spill`
     start: np.ndarray  # int64 ns, on the file's own clock (offset added at the end)
     end: np.ndarray
-    thread: np.ndarray  # int64: the (pid, tid) nesting domain
+    thread: np.ndarray  # int32: the (pid, tid) nesting domain
     role: np.ndarray  # int8 ROLE_*
     corr: np.ndarray  # int64 correlation id, -1 for none
     step: np.ndarray  # int64 profiler step number, -1 for none
     # Set when the file carries its own ids (chiptrace's Chrome export): hex text columns.
     ids: dict[str, Any] | None = None
+    spill: str | None = None  # the staging file holding `static`
 
 
 @dataclass
@@ -70,7 +71,8 @@ class FileFacts:
     resource: dict[str, Any] = field(default_factory=dict)
     service: str = "trace"
     host: str | None = None
-    nccl_ends: list[int] = field(default_factory=list)  # file-clock end of each NCCL kernel
+    # File-clock end of each NCCL kernel (int64 ns).
+    nccl_ends: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     categories: dict[str, int] = field(default_factory=dict)
     tally: dict[str, Any] = field(default_factory=dict)
     spans: int = 0

@@ -10,6 +10,7 @@ from typing import Any
 from chiptrace.importers import ImportSummary
 from chiptrace.importers.assemble import Assembler, Pending
 from chiptrace.importers.plan import FileFacts
+from chiptrace.importers.pool import Pool, worker_count
 from chiptrace.importers.writer import Staging
 
 TRACE_EVENT_FORMATS = ("kineto", "chrome")
@@ -45,6 +46,7 @@ def run_import(
     align: str,
     seed: bytes,
     progress: Callable[[int, int], None] | None,
+    workers: int | None = None,
 ) -> ImportSummary:
     manifest = {
         "source": "import",
@@ -52,22 +54,30 @@ def run_import(
         "import": {"files": [str(f) for f in files], "formats": formats, "align": align},
     }
     staging = Staging(out, manifest)
-    total_bytes = sum(os.path.getsize(f) for f in files)
+    sizes = [os.path.getsize(f) for f in files]
+    total_bytes = sum(sizes)
+    events_bytes = sum(n for n, f in zip(sizes, formats, strict=True) if f == "kineto")
+    n_workers = worker_count(workers, events_bytes)
+    pool = Pool(n_workers) if n_workers else None
     done_bytes = 0
     try:
         pending: list[Pending] = []
         facts: list[FileFacts] = []
-        for path, fmt in zip(files, formats, strict=True):
+        for path, fmt, size in zip(files, formats, sizes, strict=True):
             if fmt not in TRACE_EVENT_FORMATS:
                 facts.append(_documents(path, fmt, staging))
-                done_bytes += os.path.getsize(path)
-                if progress:
-                    progress(done_bytes, total_bytes)
-                continue
-            p = _read_events(path, fmt, len(pending), staging, progress, done_bytes, total_bytes)
-            pending.append(p)
-            facts.append(p.facts)
-            done_bytes += os.path.getsize(path)
+            else:
+                reader = _reader(path, fmt)
+                p = _read_events(
+                    reader, len(pending), staging, pool, progress, done_bytes, total_bytes
+                )
+                pending.append(p)
+                facts.append(p.facts)
+            done_bytes += size
+            if progress:
+                progress(done_bytes, total_bytes)
+        if pool is not None:
+            pool.close()  # the workers' memory goes before the second pass
         asm = Assembler(staging, seed, align)
         asm.finish(pending)
         summary = ImportSummary(out=str(out))
@@ -83,37 +93,30 @@ def run_import(
         )
         return summary
     except BaseException:
+        if pool is not None:
+            pool.close()
         staging.abort()
         raise
 
 
 def _read_events(
-    path: Path,
-    fmt: str,
+    reader: Any,
     no: int,
     staging: Staging,
+    pool: Pool | None,
     progress: Callable[[int, int], None] | None,
     done: int,
     total: int,
 ) -> Pending:
-    reader = _reader(path, fmt)
     pending = Pending(no, reader.facts)
-    spill = staging.spill(no)
-    size = os.path.getsize(path)
-    try:
-        for block in reader.blocks():
-            spill.write(block.static)
-            block.static = None  # type: ignore[assignment] - staged; keep only the numbers
-            pending.blocks.append(block)
-            reader.facts.spans += len(block.start)
-            if progress:
-                # Bytes read are gunzipped bytes: scale them to the file's share of the total.
-                frac = min(reader.stream.bytes_read / max(size * 8, 1), 0.95)
-                progress(done + int(size * frac), total)
-    finally:
-        spill.close()
-    if progress:
-        progress(done + size, total)
+    size = os.path.getsize(reader.facts.path)
+    for block in reader.blocks(lambda k: staging.spill_path(no, k), pool):
+        pending.blocks.append(block)
+        reader.facts.spans += len(block.start)
+        if progress:
+            # Bytes read are gunzipped bytes: scale them to the file's share of the total.
+            frac = min(reader.stream.bytes_read / max(size * 8, 1), 0.95)
+            progress(done + int(size * frac), total)
     return pending
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from chiptrace.importers import arrow
 from chiptrace.importers.plan import ROLE_DEVICE, ROLE_LAUNCH, ROLE_STEP
 
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
@@ -36,13 +36,12 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def hex64(ids: np.ndarray) -> pa.Array:
-    """Lowercase 16-digit hex text of uint64 ids (the OTLP big-endian byte order)."""
-    b = np.ascontiguousarray(ids.astype(">u8")).view(np.uint8).reshape(-1, 8)
-    out = np.empty((len(ids), 16), np.uint8)
-    out[:, 0::2] = _HEX[b >> 4]
-    out[:, 1::2] = _HEX[b & 15]
-    return pa.array(out.reshape(-1).view("S16"), pa.binary(16)).cast(pa.string())
+def hex_digits(raw: np.ndarray) -> np.ndarray:
+    """Lowercase hex text of an (n, w) uint8 matrix, as an (n, 2w) uint8 matrix."""
+    out = np.empty((raw.shape[0], raw.shape[1] * 2), np.uint8)
+    out[:, 0::2] = _HEX[raw >> 4]
+    out[:, 1::2] = _HEX[raw & 15]
+    return out
 
 
 def trace_id(seed: bytes, *parts: object) -> bytes:
@@ -142,15 +141,20 @@ def _launches(role: np.ndarray, corr: np.ndarray) -> np.ndarray:
 
 
 def link_column(
-    has: np.ndarray, trace_hex: pa.Array, span_hex: pa.Array, kind: str = "launch"
+    has: np.ndarray, trace_ids: np.ndarray, span_ids: np.ndarray, kind: str = "launch"
 ) -> pa.Array:
-    """The links JSON of rows where `has`: one link to (trace_hex, span_hex); else null."""
-    text = pc.binary_join_element_wise(
-        '[{"trace_id":"',
-        trace_hex,
-        '","span_id":"',
-        span_hex,
-        f'","attributes":{{"kind":"{kind}"}}}}]',
-        "",
+    """The links JSON of each row: where `has`, one link to the next (trace id, span id) of
+    `trace_ids` ((m, 16) uint8) and `span_ids` (m uint64), else null. Every link has the
+    same length, so the text is one NumPy matrix: a template row with the ids' hex in it."""
+    head, mid = b'[{"trace_id":"', b'","span_id":"'
+    template = (
+        head + b"0" * 32 + mid + b"0" * 16 + f'","attributes":{{"kind":"{kind}"}}}}]'.encode()
     )
-    return pc.if_else(pa.array(has), text, pa.scalar(None, pa.string()))
+    rows = np.tile(np.frombuffer(template, np.uint8), (len(span_ids), 1))
+    t0 = len(head)
+    s0 = t0 + 32 + len(mid)
+    rows[:, t0 : t0 + 32] = hex_digits(trace_ids)
+    rows[:, s0 : s0 + 16] = hex_digits(span_ids.astype(">u8").view(np.uint8).reshape(-1, 8))
+    lengths = np.where(has, len(template), 0).astype(np.int32)
+    text = arrow.binary_from(rows.tobytes(), lengths, pa.string())
+    return pa.Array.from_buffers(pa.string(), len(has), [arrow.bitmap(has), *text.buffers()[1:]])

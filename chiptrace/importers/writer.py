@@ -2,7 +2,7 @@
 
 An import writes its parts and manifest through the store's `PartWriter` into a hidden
 folder inside `--out` (`.import-<nonce>/`; readers look only under `spans/` and
-`manifest/`), with per-file spill files for the columns decided in the second pass. Only
+`manifest/`), with a spill file per block of events for the columns final after the first pass. Only
 when every file has been read and written are the parts renamed into `spans/` and the
 manifest into `manifest/`; on any error the folder is removed. So a failed import leaves
 nothing in `--out`, and a successful one never shows a half-written part.
@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,11 @@ PART_ROWS = 1 << 19  # spans per Parquet part: big enough for row groups to comp
 
 
 class Staging:
-    """A hidden folder in `out` that becomes part of the trace dir on `commit()`."""
+    """A hidden folder in `out` that becomes part of the trace dir on `commit()`.
+
+    Parts are written by one background thread (Parquet encoding releases the GIL, so it
+    overlaps the next batch's assembly); at most two tables wait for it.
+    """
 
     def __init__(self, out: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
         self.out = Path(out)
@@ -38,22 +43,13 @@ class Staging:
         self.writer = PartWriter(self.dir, manifest=manifest)
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="chiptrace-import-parts")
+        self._writes: deque[Future[Any]] = deque()
 
     # ------------------------------------------------------------ spill files
 
-    def spill_path(self, n: int) -> Path:
-        return self.dir / f"spill-{n:05d}.arrows"
-
-    def spill(self, n: int) -> SpillWriter:
-        return SpillWriter(self.spill_path(n))
-
-    def read_spill(self, n: int) -> Iterator[pa.RecordBatch]:
-        path = self.spill_path(n)
-        if not path.exists():
-            return
-        with pa.memory_map(str(path)) as src, pa.ipc.open_stream(src) as reader:
-            yield from reader
-        path.unlink()
+    def spill_path(self, file_no: int, block_no: int) -> str:
+        return str(self.dir / f"spill-{file_no:05d}-{block_no:07d}.arrows")
 
     # ------------------------------------------------------------ parts
 
@@ -66,12 +62,21 @@ class Staging:
 
     def flush(self) -> None:
         if self._pending_rows:
-            self.writer.write(pa.Table.from_batches(self._pending))
+            table = pa.Table.from_batches(self._pending)
+            while len(self._writes) >= 2:
+                self._writes.popleft().result()
+            self._writes.append(self._thread.submit(self.writer.write, table))
         self._pending, self._pending_rows = [], 0
+
+    def _wait(self) -> None:
+        while self._writes:
+            self._writes.popleft().result()
 
     def commit(self, **manifest: Any) -> None:
         """Move the parts and the manifest into the trace dir; remove the staging folder."""
         self.flush()
+        self._wait()
+        self._thread.shutdown()
         self.writer.write_manifest(**manifest)
         try:
             for sub in (SPANS_DIR, MANIFEST_DIR):
@@ -84,22 +89,19 @@ class Staging:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def abort(self) -> None:
+        self._thread.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class SpillWriter:
-    """Batches of one schema (dictionaries may change per batch) to an LZ4 Arrow stream."""
+def write_spill(path: str, batch: pa.RecordBatch) -> None:
+    """One block's static columns to an uncompressed Arrow file (read back by mapping it)."""
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        if self._writer is None:
-            opts = pa.ipc.IpcWriteOptions(compression="lz4")
-            self._writer = pa.ipc.new_stream(str(self.path), batch.schema, options=opts)
-        self._writer.write_batch(batch)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+def read_spill(path: str) -> pa.RecordBatch:
+    """The batch of a spill file, which is removed (its pages stay mapped while in use)."""
+    with pa.memory_map(path) as src, pa.ipc.open_stream(src) as reader:
+        batch = reader.read_next_batch()
+    os.unlink(path)
+    return batch
