@@ -16,57 +16,124 @@ import argparse
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "kineto"
 HTA = "from hta.trace_analysis import TraceAnalysis; TraceAnalysis(trace_dir={d!r})"
 
 
+_SLOTS = re.compile(r'"\\u0001(ts|corr|id)\\u0001"|\\u0001(step)\\u0001')
+
+
+def _template(e: dict) -> tuple[list[str], list[str]]:
+    """An event's JSON text cut where copies differ (ts, step number, correlation, flow
+    id): the pieces between, and what goes in each cut."""
+    e2 = dict(e, ts="\u0001ts\u0001")
+    if e2.get("ph") == "X" and "ProfilerStep#" in e2["name"]:
+        e2["name"] = "ProfilerStep#\u0001step\u0001"
+    if "args" in e2 and "correlation" in e2["args"]:
+        e2["args"] = dict(e2["args"], correlation="\u0001corr\u0001")
+    if e2.get("ph") in ("s", "f"):
+        e2["id"] = "\u0001id\u0001"
+    text = json.dumps(e2)
+    pieces, kinds, at = [], [], 0
+    for m in _SLOTS.finditer(text):
+        pieces.append(text[at : m.start()])
+        kinds.append(m.group(1) or m.group(2))
+        at = m.end()
+    pieces.append(text[at:])
+    return pieces, kinds
+
+
 def synthesize(path: Path, size_mb: int) -> int:
-    """A Kineto trace of about size_mb MB from nccl_data's events; returns its events."""
+    """A Kineto trace of about size_mb MB from nccl_data's events, copied with shifted times,
+    step numbers, correlation and flow ids; returns its events."""
     doc = json.load(gzip.open(FIXTURES / "nccl_data.json.gz"))
     events = [e for e in doc.pop("traceEvents") if e.get("ph") in ("X", "s", "f")]
     t0 = min(e["ts"] for e in events)
     span = max(e["ts"] + e.get("dur", 0) for e in events) - t0 + 1000.0
-    text = [json.dumps(e) for e in events]
-    per_copy = sum(len(t) + 4 for t in text)
+    templates = [_template(e) for e in events]
+    per_copy = sum(len(json.dumps(e)) + 2 for e in events)
     copies = max(1, size_mb * 1_000_000 // per_copy)
     n = 0
     with open(path, "w") as fh:
         head = {k: v for k, v in doc.items() if k not in ("traceName", "baseTimeNanoseconds")}
         fh.write(json.dumps(head)[:-1] + ', "traceEvents": [\n')
         for c in range(copies):
-            shift = c * span
-            for e in events:
-                e2 = dict(e, ts=round(e["ts"] + shift, 3))
-                if e2.get("ph") == "X" and "ProfilerStep#" in e2["name"]:
-                    e2["name"] = f"ProfilerStep#{c * 10 + int(e2['name'].split('#')[1])}"
-                if "args" in e2 and "correlation" in e2["args"]:
-                    e2["args"] = dict(
-                        e2["args"], correlation=e2["args"]["correlation"] + c * 1_000_000
-                    )
-                if e2.get("ph") in ("s", "f"):
-                    e2["id"] = e2["id"] + c * 1_000_000
-                fh.write(("" if n == 0 else ",\n") + json.dumps(e2))
-                n += 1
+            shift, extra = c * span, c * 1_000_000
+            out = []
+            for e, (pieces, kinds) in zip(events, templates, strict=True):
+                values = {
+                    "ts": repr(round(e["ts"] + shift, 3)),
+                    "step": str(c * 10 + int(e["name"].split("#")[1])) if "step" in kinds else "",
+                    "corr": str(e["args"]["correlation"] + extra) if "corr" in kinds else "",
+                    "id": str(e["id"] + extra) if "id" in kinds else "",
+                }
+                text = [pieces[0]]
+                for kind, piece in zip(kinds, pieces[1:], strict=True):
+                    text += (values[kind], piece)
+                out.append("".join(text))
+            fh.write(("" if n == 0 else ",\n") + ",\n".join(out))
+            n += len(out)
         fh.write(f'\n], "baseTimeNanoseconds": {doc.get("baseTimeNanoseconds", 0)}}}\n')
     return n
 
 
-def measure(cmd: list[str]) -> tuple[float, float]:
-    """(seconds, peak RSS in MiB) of a child process."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    dt = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}: {proc.stderr.read().decode()[-500:]}")
-    return dt, usage.ru_maxrss / 1024
+def _tree_rss(root: int) -> int:
+    """Resident bytes of a process and all its descendants (workers included), from /proc."""
+    parent: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry)] = int(fields[1])
+        rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += [c for c, p in parent.items() if p == pid and c not in tree]
+    return sum(rss.get(p, 0) for p in tree)
+
+
+@dataclass
+class Run:
+    wall_s: float
+    cpu_s: float  # user + system, the process and the children it waited for
+    rss_mib: float  # peak of the summed RSS of the process tree, sampled every 50 ms
+
+
+def measure(cmd: list[str]) -> Run:
+    """Wall time, CPU time and peak RSS (of the whole process tree) of a child process."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        peak = 0
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, _tree_rss(proc.pid))
+            time.sleep(0.05)
+        dt = time.perf_counter() - t0
+        if os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            raise SystemExit(f"failed: {' '.join(cmd)}: {err.read().decode()[-500:]}")
+    # ru_maxrss (the largest single process) is a floor for the tree's peak.
+    peak = max(peak, usage.ru_maxrss * 1024)
+    return Run(dt, usage.ru_utime + usage.ru_stime, peak / 2**20)
 
 
 def compare(label: str, trace: Path, events: int, hta: bool, work: Path) -> None:

@@ -9,7 +9,7 @@ from NumPy buffers (zero-copy for numbers) and joined bytes (strings).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,11 +86,11 @@ def constant(value: str, n: int) -> pa.DictionaryArray:
     return dictionary(np.zeros(n, np.int32), [value])
 
 
-def encode(values: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
-    """(int32 codes, distinct values in first-seen order) of hashable values, in C loops:
-    each value is stored with its first position, and positions become dense codes."""
+def encode(values: Iterable[Any], n: int) -> tuple[np.ndarray, list[Any]]:
+    """(int32 codes, distinct values in first-seen order) of n hashable values, in C
+    loops: each value is stored with its first position, and positions become codes."""
     first: dict[Any, int] = {}
-    pos = np.fromiter(map(first.setdefault, values, itertools.count()), np.int64, len(values))
+    pos = np.fromiter(map(first.setdefault, values, itertools.count()), np.int64, n)
     seen = np.fromiter(first.values(), np.int64, len(first))
     return np.searchsorted(seen, pos).astype(np.int32), list(first)
 

@@ -46,8 +46,12 @@ class Pending:
     blocks: list[Block] = field(default_factory=list)
     ids: bool = False  # the file carried its own span ids (chiptrace's Chrome export)
 
-    def column(self, name: str) -> np.ndarray:
-        return concat(self.blocks, name)
+    def take(self, name: str) -> np.ndarray:
+        """One in-memory column of the whole file; the blocks let go of their pieces."""
+        out = concat(self.blocks, name)
+        for b in self.blocks:
+            setattr(b, name, None)
+        return out
 
 
 def align_offsets(files: list[Pending], mode: str) -> dict[int, int]:
@@ -125,11 +129,11 @@ class Assembler:
         return total
 
     def _file(self, f: Pending, prefix: str) -> int:
-        start, end = f.column("start"), f.column("end")
+        start, end = f.take("start"), f.take("end")
         n = len(start)
         if n == 0:
             return 0
-        t = tree.build(start, end, f.column("thread"), f.column("role"), f.column("corr"))
+        t = tree.build(start, end, f.take("thread"), f.take("role"), f.take("corr"))
         ids = self._ids(f, t)
         traces = np.frombuffer(b"".join(self._traces), np.uint8).reshape(-1, 16)
         offset = f.facts.base_ns + self.offsets.get(f.no, 0)
@@ -172,7 +176,7 @@ class Assembler:
     def _ids(self, f: Pending, t: tree.Tree) -> _Ids:
         """Span and parent ids, and each span's trace (an index into self._traces)."""
         n = len(t.parent)
-        step = f.column("step")
+        step = f.take("step")
         base = np.uint64(f.no << 40) + self._seed_int
         span_ids = tree.splitmix64(base + np.arange(1, n + 1, dtype=np.uint64))
         parents = np.where(t.parent >= 0, span_ids[np.maximum(t.parent, 0)], np.uint64(0))

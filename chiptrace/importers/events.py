@@ -24,6 +24,7 @@ from chiptrace.importers import arrow
 
 _NO_ARGS = msgspec.Raw(b"{}")
 _MIN, _MAX = -(1 << 62), 1 << 62
+_WS_BYTES = np.frombuffer(b" \t\r\n", np.uint8)
 
 
 class Event(msgspec.Struct, gc=False):
@@ -129,31 +130,15 @@ def text_id(value: Any) -> int:
     return -1 - (int.from_bytes(str(value).encode()[:7].ljust(7, b"\0"), "big") & ((1 << 55) - 1))
 
 
-def json_texts(values: list[Any], ints: tuple[np.ndarray, list[int]]) -> pa.Array:
-    """JSON text of each value (`ints`: id_ints(values)); integers by a vectorised cast,
-    the few others (text thread names) one by one."""
-    text = arrow.numeric(ints[0]).cast(pa.string())
-    odd = ints[1]
-    if not odd:
-        return text
-    mask = np.zeros(len(values), bool)
-    mask[odd] = True
-    return pc.replace_with_mask(
-        text, arrow.booleans(mask), arrow.strings([json_text(values[i]) for i in odd])
-    )
-
-
 def json_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def args_attributes(args: list[msgspec.Raw], prefix: list[pa.Array | pa.Scalar]) -> pa.Array:
-    """`{<prefix>, <the args' members>}` per row: the raw args spliced as text.
-
-    Args:
-        args: the raw JSON of each row's args (`{}` for events without).
-        prefix: pieces that join, per row, to JSON members without braces
-            (`"a":1,"b":"x"`), never empty.
+def args_bodies(args: list[msgspec.Raw]) -> tuple[pa.StringArray, np.ndarray]:
+    """Each row's raw args without the opening `{` (its members, then `}`), and whether it
+    has members; `}` alone for args that are no object. Spliced after a `{"key":value`
+    prefix (and a comma where it has members), the raw text becomes the attributes JSON
+    without being parsed: the members keep their bytes, whitespace included.
     """
     n = len(args)
     data = b"".join(args)
@@ -169,14 +154,26 @@ def args_attributes(args: list[msgspec.Raw], prefix: list[pa.Array | pa.Scalar])
     starts = ends - lengths
     is_obj = lengths >= 2
     is_obj[is_obj] = (buf[starts[is_obj]] == 0x7B) & (buf[ends[is_obj] - 1] == 0x7D)
-    inner = pc.utf8_trim_whitespace(pc.utf8_slice_codeunits(text, 1, -1))
+    body = pc.utf8_slice_codeunits(text, 1)
     if not is_obj.all():
-        inner = pc.if_else(arrow.booleans(is_obj), inner, arrow.scalar(""))
-    filled = arrow.to_numpy(pc.binary_length(inner), np.int32) > 0
-    sep = arrow.binary_from(b"," * int(filled.sum()), filled.astype(np.int32), pa.string())
-    return pc.binary_join_element_wise(
-        arrow.scalar("{"), *prefix, sep, inner, arrow.scalar("}"), arrow.scalar("")
-    )
+        body = pc.if_else(arrow.booleans(is_obj), body, arrow.scalar("}"))
+    # Members: the first byte after `{` and any whitespace is not the closing `}`.
+    rows = np.flatnonzero(is_obj)
+    pos = starts[rows] + 1
+    while len(rows):
+        ws = np.isin(buf[pos], _WS_BYTES)
+        if not ws.any():
+            break
+        pos[ws] += 1
+    members = np.zeros(n, bool)
+    members[rows] = buf[pos] != 0x7D
+    return body, members
+
+
+def splice(prefixes: list[str], codes: np.ndarray, bodies: pa.Array) -> pa.Array:
+    """`{` + prefixes[code] + body per row: the attributes JSON of args_bodies' bodies."""
+    heads = arrow.strings(["{" + p for p in prefixes]).take(arrow.numeric(codes))
+    return pc.binary_join_element_wise(heads, bodies, arrow.scalar(""))
 
 
 def static_batch(columns: dict[str, Any], n: int) -> pa.RecordBatch:

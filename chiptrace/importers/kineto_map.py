@@ -11,7 +11,10 @@ on another block, so blocks can map in any order or process.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +33,8 @@ FREE_CATS = frozenset({"gpu_user_annotation", "Trace"})
 HOST, LAUNCH, DEVICE, FREE, ANNOTATION = 0, 1, 2, 3, 4
 OP_KINDS = ("host", "launch", "compute", "comm", "memcpy", "memset", "sync")
 _OP = {k: i for i, k in enumerate(OP_KINDS)}
+_FLOWS = ("s", "t", "f")
+_CAT_NAME = operator.attrgetter("cat", "name")
 NO_COPY, HTOD, DTOH = 0, 1, 2
 _COMM = re.compile(r"(nccl|rccl)", re.IGNORECASE)
 _STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
@@ -118,70 +123,78 @@ def map_events(events: list[ev.Event], link_type: str) -> Mapped:
     """Map one block of decoded events (see the module docstring)."""
     tally = ev.Tally()
     metadata: list[tuple[str, Any, bytes]] = []
-    xs = [e for e in events if e.ph == "X"]
-    if len(xs) != len(events):
-        _others([e for e in events if e.ph != "X"], tally, metadata)
+    xs = _complete(events, tally, metadata)
     dur = np.array([e.dur for e in xs], np.float64)
     if (dur < 0).any():  # an X event without a duration is no span
         keep = dur >= 0
         tally.skipped["X without dur"] += int((~keep).sum())
-        xs = [e for e, k in zip(xs, keep.tolist(), strict=True) if k]
+        xs = list(itertools.compress(xs, keep.tolist()))
         dur = dur[keep]
-    pid_v, tid_v = [e.pid for e in xs], [e.tid for e in xs]
-    pid, tids = ev.id_ints(pid_v)[0], ev.id_ints(tid_v)
+    pid = ev.id_ints([e.pid for e in xs])[0]
+    tid_values = [e.tid for e in xs]
     start = ev.us_to_ns([e.ts for e in xs])
     end = start + np.rint(dur * 1000).astype(np.int64)
-    cat_codes, cats = arrow.encode([e.cat for e in xs])
-    name_codes, names = arrow.encode([e.name for e in xs])
-    args = [e.args for e in xs]
-    cls = np.array([category_class(c) for c in cats], np.int8)[cat_codes]
-    rows = _Rows(len(xs), pid, end, args, cat_codes, cats, name_codes, names, cls)
+    # (category, name) pairs are few: decisions are made per pair, not per event.
+    pair_codes, pairs = arrow.encode(map(_CAT_NAME, xs), len(xs))
+    rows = _Rows(pid, end, [e.args for e in xs], pair_codes, pairs)
     rows.launches()
-    rows.devices(link_type)
+    rows.devices()
     rows.steps()
-    static = rows.static(link_type, tid_v, tids)
-    counts = np.bincount(cat_codes, minlength=len(cats))
+    static = rows.static(link_type, tid_values)
+    counts = np.bincount(rows.cat_codes, minlength=len(rows.cats))
     return Mapped(
         static,
         start,
         end,
         pid,
-        tids[0],
+        rows.tid,
         rows.role,
         rows.corr,
         rows.step,
         rows.nccl_ends,
-        dict(zip(cats, counts.tolist(), strict=True)),
+        dict(zip(rows.cats, counts.tolist(), strict=True)),
         tally,
         metadata,
         len(events),
     )
 
 
-def _others(
-    others: list[ev.Event], tally: ev.Tally, metadata: list[tuple[str, Any, bytes]]
-) -> None:
-    """Metadata (kept for process names) and flows are counted; the rest is skipped."""
-    for e in others:
-        if e.ph in ("s", "t", "f"):
-            tally.flows += 1  # ac2g flows repeat the correlation id: links come from it
-        elif e.ph == "M":
-            tally.metadata += 1
-            if e.name in ("process_labels", "process_name"):
-                metadata.append((e.name, e.pid, bytes(e.args)))
-        else:
-            tally.skipped[f"ph={e.ph or '?'}" + (f" ({e.name})" if e.ph in "iI" else "")] += 1
+def _complete(
+    events: list[ev.Event], tally: ev.Tally, metadata: list[tuple[str, Any, bytes]]
+) -> list[ev.Event]:
+    """The block's complete (X) events. Flows are counted (ac2g flows repeat the
+    correlation id: links come from it), metadata kept for process names, the rest skipped."""
+    phs = [e.ph for e in events]
+    kinds = Counter(phs)
+    if kinds["X"] == len(events):
+        return events
+    tally.flows += sum(kinds[p] for p in _FLOWS)
+    if any(p != "X" and p not in _FLOWS for p in kinds):
+        for e, p in zip(events, phs, strict=True):
+            if p == "M":
+                tally.metadata += 1
+                if e.name in ("process_labels", "process_name"):
+                    metadata.append((e.name, e.pid, bytes(e.args)))
+            elif p != "X" and p not in _FLOWS:
+                tally.skipped[f"ph={p or '?'}" + (f" ({e.name})" if p in "iI" else "")] += 1
+    return list(itertools.compress(events, map(operator.eq, phs, itertools.repeat("X"))))
 
 
 class _Rows:
     """The columns of one block while they are decided (see map_events)."""
 
-    def __init__(self, n, pid, end, args, cat_codes, cats, name_codes, names, cls) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, pid, end, args, pair_codes, pairs) -> None:  # type: ignore[no-untyped-def]
+        n = len(pid)
         self.n, self.pid, self.end, self.args = n, pid, end, args
-        self.cat_codes, self.cats, self.name_codes, self.names = cat_codes, cats, name_codes, names
+        self.pair_codes = pair_codes
+        pair_cat, self.cats = arrow.encode([c for c, _ in pairs], len(pairs))
+        pair_name, self.names = arrow.encode([m for _, m in pairs], len(pairs))
+        self.pair_cat, self.pairs = pair_cat, pairs
+        self.cat_codes = pair_cat[pair_codes]
+        self.name_codes = pair_name[pair_codes]
+        cls = np.array([category_class(c) for c in self.cats], np.int8)[self.cat_codes]
         self.cls = cls
-        self.role = np.full(n, ROLE_CPU, np.int8)
-        self.role[cls == FREE] = ROLE_FREE
+        self.role = np.where(cls == FREE, ROLE_FREE, ROLE_CPU).astype(np.int8)
         self.corr = np.full(n, -1, np.int64)
         self.step = np.full(n, -1, np.int64)
         self.op = np.where(cls == FREE, -1, _OP["host"]).astype(np.int8)
@@ -190,11 +203,12 @@ class _Rows:
         self.chips = ["cpu:0"]
         self.copy = np.zeros(n, np.int8)  # NO_COPY / HTOD / DTOH, where op.bytes is known
         self.nccl_ends = np.zeros(0, np.int64)
+        self.tid = np.zeros(n, np.int64)
 
     def _parse(self, rows: np.ndarray, decoder: msgspec.json.Decoder, type_: Any) -> list[Any]:
         raw = [self.args[i] for i in rows.tolist()]
         try:
-            return decoder.decode(b"[" + b",".join(raw) + b"]")
+            return decoder.decode(b"".join((b"[", b",".join(raw), b"]")))
         except msgspec.DecodeError:  # an args value that is not an object: no fields
             return [_decode_one(type_, r) for r in raw]
 
@@ -208,7 +222,7 @@ class _Rows:
         self.op[rows] = _OP["launch"]
         self.role[rows[corr >= 0]] = ROLE_LAUNCH
 
-    def devices(self, link_type: str) -> None:
+    def devices(self) -> None:
         rows = np.flatnonzero(self.cls == DEVICE)
         if not len(rows):
             return
@@ -222,12 +236,10 @@ class _Rows:
         keys, chip = np.unique(dev * 2 + npu, return_inverse=True)
         self.chips += [f"{'npu' if k & 1 else 'gpu'}:{k >> 1}" for k in keys.tolist()]
         self.chip[rows] = 1 + chip.reshape(-1)
-        nn = len(self.names)
-        pairs, which = np.unique(
-            self.cat_codes[rows].astype(np.int64) * nn + self.name_codes[rows], return_inverse=True
-        )
-        kinds = [device_kind(self.cats[p // nn], self.names[p % nn]) for p in pairs.tolist()]
-        which = which.reshape(-1)
+        kinds = [
+            device_kind(c, m) if category_class(c) == DEVICE else (0, 0) for c, m in self.pairs
+        ]
+        which = self.pair_codes[rows]
         op = np.array([k for k, _ in kinds], np.int8)[which]
         copy = np.array([c for _, c in kinds], np.int8)[which]
         nbytes = np.array([a.bytes for a in parsed], np.int64)
@@ -242,18 +254,18 @@ class _Rows:
         rows = np.flatnonzero(self.cls == ANNOTATION)
         if not len(rows):
             return
-        codes, which = np.unique(self.name_codes[rows], return_inverse=True)
         numbers = []
-        for c in codes.tolist():
-            m = _STEP.match(self.names[c])
+        for name in self.names:
+            m = _STEP.match(name)
             numbers.append(int(m.group(1)) if m else -1)
-        step = np.array(numbers, np.int64)[which.reshape(-1)]
+        step = np.array(numbers, np.int64)[self.name_codes[rows]]
         self.step[rows] = step
         self.role[rows[step >= 0]] = ROLE_STEP
 
-    def static(self, link_type: str, tid_values: list[Any], tid: Any) -> pa.RecordBatch:
+    def static(self, link_type: str, tid_values: list[Any]) -> pa.RecordBatch:
         free = self.chip < 0
         chip_valid = None if not free.any() else ~free
+        pid_ok = (self.pid >= 0) & (self.pid < 1 << 31)
         columns: dict[str, Any] = {
             "name": arrow.dictionary(self.name_codes, self.names),
             "chip_id": arrow.dictionary(self.chip, self.chips, chip_valid),
@@ -262,11 +274,8 @@ class _Rows:
             ),
             "op_kind": arrow.dictionary(self.op, OP_KINDS, self.op >= 0),
             "op_bytes": arrow.numeric(self.op_bytes, self.op_bytes >= 0),
-            "attributes": self._attributes(tid_values, tid),
-            "pid": arrow.numeric(
-                np.where((self.pid >= 0) & (self.pid < 1 << 31), self.pid, 0).astype(np.int32),
-                (self.pid >= 0) & (self.pid < 1 << 31),
-            ),
+            "attributes": self._attributes(tid_values),
+            "pid": arrow.numeric(np.where(pid_ok, self.pid, 0).astype(np.int32), pid_ok),
         }
         copies = self.copy != NO_COPY
         if copies.any():
@@ -284,15 +293,27 @@ class _Rows:
             )
         return ev.static_batch(columns, self.n)
 
-    def _attributes(self, tid_values: list[Any], tid: Any) -> pa.Array:
-        cat_json = arrow.strings([ev.json_text(c) for c in self.cats])
-        prefix = [
-            arrow.scalar('"kineto.cat":'),
-            cat_json.take(arrow.numeric(self.cat_codes)),
-            arrow.scalar(',"thread.id":'),
-            ev.json_texts(tid_values, tid),
+    def _attributes(self, tid_values: list[Any]) -> pa.Array:
+        """`{"kineto.cat":..,"thread.id":..,<args members>}`: the prefix is one of a few
+        (category, thread, has members) texts, the members the raw args."""
+        self.tid, odd = ev.id_ints(tid_values)
+        tid_key = self.tid
+        if odd:  # text thread ids: keyed by their text (stand-ins may collide)
+            codes, _ = arrow.encode([tid_values[i] for i in odd], len(odd))
+            tid_key = self.tid.copy()
+            tid_key[odd] = -(1 << 62) - 1 - codes.astype(np.int64)
+        tids, first, tid_codes = np.unique(tid_key, return_index=True, return_inverse=True)
+        bodies, members = ev.args_bodies(self.args)
+        key = (self.cat_codes.astype(np.int64) * len(tids) + tid_codes.reshape(-1)) * 2 + members
+        keys, codes = np.unique(key, return_inverse=True)
+        cat_json = [ev.json_text(c) for c in self.cats]
+        tid_json = [ev.json_text(tid_values[i]) for i in first.tolist()]
+        prefixes = [
+            f'"kineto.cat":{cat_json[k // 2 // len(tids)]},'
+            f'"thread.id":{tid_json[k // 2 % len(tids)]}' + ("," if k & 1 else "")
+            for k in keys.tolist()
         ]
-        return ev.args_attributes(self.args, prefix)
+        return ev.splice(prefixes, codes.reshape(-1), bodies)
 
 
 def _comm_bytes(a: DeviceArgs) -> int:

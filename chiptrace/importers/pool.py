@@ -3,15 +3,19 @@
 Decoding JSON into Python objects holds the GIL, so threads cannot share it; processes
 can. The main process cuts the file into blocks of a few MiB and hands each to a worker,
 which decodes it, maps it (kineto_map) and writes its static columns to a spill file in
-the staging folder; what comes back is only the ~33 bytes a span of numbers the tree
-builder needs (pickled NumPy arrays). Workers start with `spawn` (a fork would copy the
-caller's threads and locks); each costs ~0.4 s of start-up, so small imports map in place.
+the staging folder; what comes back is only the ~37 bytes a span of numbers the tree
+builder needs (pickled NumPy arrays). Workers are forked (Linux only), when the process has
+no other thread: a fork copies no thread, so a lock another thread held would stay locked
+in the child; `spawn` would run the caller's unguarded script again in every worker. Small
+imports map in place: the workers' start-up would cost more than they save.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
@@ -29,15 +33,14 @@ _DECODER = msgspec.json.Decoder(list[ev.Event])
 
 def worker_count(requested: int | None, total_bytes: int) -> int:
     """Worker processes for an import: `requested`, or one per CPU (at most 4) for a big
-    one; 0 means map in the main process."""
+    one; 0 means map in the main process (always so off Linux or beside other threads)."""
+    if not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return 0
     if requested is not None:
         return max(0, requested)
     if total_bytes < MIN_POOL_BYTES:
         return 0
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
+    cpus = len(os.sched_getaffinity(0))
     return min(cpus, 4) if cpus > 1 else 0
 
 
@@ -62,7 +65,8 @@ def map_block(raw: bytes, link_type: str, spill: str, path: str) -> Mapped | Non
 
 
 class Pool:
-    """Worker processes for map_block, started on the first block."""
+    """Worker processes for map_block, forked on the first block (before the main process
+    holds the numbers of many blocks, which the workers would share but not need)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -72,7 +76,7 @@ class Pool:
     def submit(self, *args: Any) -> Future[Mapped | None]:
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn")
+                self.workers, mp_context=multiprocessing.get_context("fork")
             )
         return self._executor.submit(map_block, *args)
 

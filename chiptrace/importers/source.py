@@ -188,7 +188,10 @@ class TraceEventStream:
                 chunk = self._read(fh)
                 eof = not chunk
                 buf += chunk
-            cut = self._cut(buf, start, len(buf), decode=self.in_main)
+            end = min(len(buf), start + self.block_bytes)
+            cut = self._cut(buf, start, end, self.in_main)
+            if cut is None and end < len(buf):  # one event longer than a block
+                cut = self._cut(buf, start, len(buf), self.in_main)
             if cut is not None:
                 block, start = cut
                 if len(block):

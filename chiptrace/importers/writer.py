@@ -21,16 +21,27 @@ from typing import Any
 import pyarrow as pa
 
 from chiptrace.errors import StoreError
-from chiptrace.store import MANIFEST_DIR, SPANS_DIR, PartWriter
+from chiptrace.store import MANIFEST_DIR, SPAN_WRITE_OPTIONS, SPANS_DIR, PartWriter
 
-PART_ROWS = 1 << 19  # spans per Parquet part: big enough for row groups to compress well
+PART_ROWS = 1 << 18  # spans per Parquet part: big enough for row groups to compress well
+# The store's span options but zstd level 1 and no dictionary for span and parent ids (all
+# distinct: the dictionary is always abandoned): half the CPU, and on a Kineto trace
+# slightly smaller files (10.6 MiB for 458k spans, 11.6 with the defaults).
+WRITE_OPTIONS = {
+    **SPAN_WRITE_OPTIONS,
+    "compression_level": 1,
+    "use_dictionary": [
+        c for c in SPAN_WRITE_OPTIONS["use_dictionary"] if c not in ("span_id", "parent_span_id")
+    ],
+}
+WRITER_THREADS = 2  # parts encoded at once (and the most tables waiting for a thread)
 
 
 class Staging:
     """A hidden folder in `out` that becomes part of the trace dir on `commit()`.
 
-    Parts are written by one background thread (Parquet encoding releases the GIL, so it
-    overlaps the next batch's assembly); at most two tables wait for it.
+    Parts are written by background threads (Parquet encoding releases the GIL, so they
+    overlap each other and the next batch's assembly); at most WRITER_THREADS tables wait.
     """
 
     def __init__(self, out: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
@@ -40,10 +51,10 @@ class Staging:
         except OSError as e:
             raise StoreError(f"cannot create trace dir {self.out}: {e.strerror}") from e
         self.dir = self.out / f".import-{secrets.token_hex(4)}"
-        self.writer = PartWriter(self.dir, manifest=manifest)
+        self.writer = PartWriter(self.dir, manifest=manifest, write_options=WRITE_OPTIONS)
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="chiptrace-import-parts")
+        self._thread = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="chiptrace-parts")
         self._writes: deque[Future[Any]] = deque()
 
     # ------------------------------------------------------------ spill files
@@ -63,7 +74,7 @@ class Staging:
     def flush(self) -> None:
         if self._pending_rows:
             table = pa.Table.from_batches(self._pending)
-            while len(self._writes) >= 2:
+            while len(self._writes) >= WRITER_THREADS:
                 self._writes.popleft().result()
             self._writes.append(self._thread.submit(self.writer.write, table))
         self._pending, self._pending_rows = [], 0
