@@ -1,11 +1,12 @@
 """`chiptrace import` beside HolisticTraceAnalysis loading the same Kineto file.
 
-Both run as fresh Python processes (start-up included); wall time and peak RSS (wait4's
-ru_maxrss) of each, and the ratios. Files: the fixtures of 100k events or more, and a
-synthetic Kineto trace of --size-mb (default 1024) made from the nccl_data fixture's events:
-its steps repeated with shifted times, ids and correlations.
+Both run as fresh Python processes (start-up included): wall time, CPU time (the process
+and its workers) and peak memory (the summed RSS of the process and its workers, sampled),
+and the ratios. Files: synthetic Kineto traces of --sizes-mb (default ~100k events and
+~1 GB) made from the nccl_data fixture's events: its steps repeated with shifted times,
+step numbers, correlations and flow ids. No fixture holds 100k events.
 
-    python benchmarks/bench_import.py [--size-mb 1024] [--no-hta]
+    python benchmarks/bench_import.py [--sizes-mb 26,1024] [--no-hta] [--keep DIR]
 
 Needs `pip install -e '.[hta]'` for the HTA side.
 """
@@ -136,28 +137,44 @@ def measure(cmd: list[str]) -> Run:
     return Run(dt, usage.ru_utime + usage.ru_stime, peak / 2**20)
 
 
-def compare(label: str, trace: Path, events: int, hta: bool, work: Path) -> None:
+def compare(label: str, trace: Path, events: int, hta: bool, work: Path, extra: list[str]) -> None:
     out = work / f"out-{label}"
     shutil.rmtree(out, ignore_errors=True)
-    exe = [sys.executable, "-m", "chiptrace", "import", str(trace), "--out", str(out)]
-    ct, cm = measure(exe)
-    line = f"{label:<28} {events:>10,} events  chiptrace import {ct:7.2f} s {cm:7.0f} MiB  {events / ct / 1e3:7.0f} k events/s"
-    if hta:
-        folder = work / f"hta-{label}"
-        folder.mkdir(exist_ok=True)
-        link = folder / trace.name
-        if not link.exists():
-            link.symlink_to(trace.resolve())
-        ht, hm = measure([sys.executable, "-c", HTA.format(d=str(folder))])
-        line += f"  |  HTA TraceAnalysis {ht:7.2f} s {hm:7.0f} MiB  |  {ht / ct:5.1f}x faster, {cm / hm:5.2f}x memory"
-    print(line, flush=True)
+    exe = [sys.executable, "-m", "chiptrace", "import", str(trace), "--out", str(out), *extra]
+    c = measure(exe)
+    shutil.rmtree(out, ignore_errors=True)
+    print(
+        f"{label}: {events:,} events\n"
+        f"  chiptrace import    {c.wall_s:7.2f} s wall {c.cpu_s:7.2f} s CPU {c.rss_mib:6.0f} MiB"
+        f"  {events / c.wall_s / 1e3:5.0f}k events/s ({events / c.cpu_s / 1e3:.0f}k per CPU second)",
+        flush=True,
+    )
+    if not hta:
+        return
+    folder = work / f"hta-{label}"
+    folder.mkdir(exist_ok=True)
+    link = folder / trace.name
+    if not link.exists():
+        link.symlink_to(trace.resolve())
+    h = measure([sys.executable, "-c", HTA.format(d=str(folder))])
+    print(
+        f"  HTA TraceAnalysis   {h.wall_s:7.2f} s wall {h.cpu_s:7.2f} s CPU {h.rss_mib:6.0f} MiB\n"
+        f"  chiptrace: {h.wall_s / c.wall_s:.1f}x faster (wall), {h.cpu_s / c.cpu_s:.1f}x less CPU, "
+        f"{c.rss_mib / h.rss_mib:.2f}x the memory",
+        flush=True,
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument(
+        "--sizes-mb",
+        default="26,1024",
+        help="synthetic trace sizes, comma-separated (default 26,1024: ~121k and ~4.8M events)",
+    )
     ap.add_argument("--no-hta", action="store_true")
-    ap.add_argument("--min-events", type=int, default=100_000)
+    ap.add_argument("--workers", help="chiptrace import --workers (default: its own choice)")
+    ap.add_argument("--keep", metavar="DIR", help="make the synthetic traces in DIR and keep them")
     args = ap.parse_args()
     hta = not args.no_hta
     if hta:
@@ -166,16 +183,22 @@ def main() -> None:
         except ImportError:
             print("HolisticTraceAnalysis not installed (pip install -e '.[hta]'): chiptrace only")
             hta = False
+    extra = ["--workers", args.workers] if args.workers else []
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start")
     with tempfile.TemporaryDirectory(prefix="bench-import-") as tmp:
-        work = Path(tmp)
-        for f in sorted(FIXTURES.glob("*.json.gz")):
-            n = len(json.load(gzip.open(f)).get("traceEvents", []))
-            if n >= args.min_events:
-                compare(f.name, f, n, hta, work)
-        big = work / "synthetic.json"
-        n = synthesize(big, args.size_mb)
-        print(f"synthetic Kineto trace: {big.stat().st_size / 1e6:.0f} MB, {n:,} events")
-        compare(f"synthetic-{args.size_mb}MB", big, n, hta, work)
+        work = Path(args.keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for size in (int(x) for x in args.sizes_mb.split(",")):
+            trace = work / f"synthetic-{size}MB.json"
+            n = synthesize(trace, size) if not trace.exists() else _count(trace)
+            print(f"synthetic Kineto trace: {trace.stat().st_size / 1e6:.0f} MB, {n:,} events")
+            compare(f"synthetic-{size}MB", trace, n, hta, work, extra)
+
+
+def _count(trace: Path) -> int:
+    """Events in a kept synthetic trace (one per line, as synthesize writes them)."""
+    with open(trace, "rb") as fh:
+        return sum(1 for line in fh if line.startswith(b"{")) - 1
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         metavar="N",
-        help="processes decoding Kineto files beside this one (default: one per CPU, at "
-        "most 4, for 48 MB of Kineto files or more; 0: none)",
+        help="processes decoding Kineto files beside this one (default: one per idle CPU, "
+        "at most 4, for 48 MB of Kineto files or more; 0: none)",
     )
     p.add_argument("--json", action="store_true", help="print the import summary as JSON")
 

@@ -1,9 +1,11 @@
-"""Arrow arrays from NumPy arrays and Python values, built from buffers.
+"""Arrow arrays from NumPy arrays and Python values, built from buffers; compute kernels.
 
 `pa.array()` and `pa.scalar()` import pandas, when it is installed, to ask whether their
 input is a pandas object (pyarrow's lazy pandas shim): ~0.5 s of a short import's start-up
 and ~60 MB of memory, for nothing. The importers build every array they make here instead,
-from NumPy buffers (zero-copy for numbers) and joined bytes (strings).
+from NumPy buffers (zero-copy for numbers) and joined bytes (strings). Kernels are called
+by name (`call`), since importing pyarrow.compute (which `Array.cast` and `.take` do)
+generates a Python wrapper for each of its functions: ~0.13 s, a tenth of a small import.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+try:  # the compute kernels without pyarrow.compute's 300 generated wrappers (~0.13 s)
+    from pyarrow._compute import SliceOptions, call_function
+except ImportError:  # pragma: no cover - a pyarrow that moved them
+    from pyarrow.compute import SliceOptions, call_function
 
 _TYPES = {
     np.dtype(np.int8): pa.int8(),
@@ -93,6 +100,20 @@ def encode(values: Iterable[Any], n: int) -> tuple[np.ndarray, list[Any]]:
     pos = np.fromiter(map(first.setdefault, values, itertools.count()), np.int64, n)
     seen = np.fromiter(first.values(), np.int64, len(first))
     return np.searchsorted(seen, pos).astype(np.int32), list(first)
+
+
+def call(name: str, *args: Any, options: Any = None) -> Any:
+    """The Arrow compute function `name` on args (arrays or scalars)."""
+    return call_function(name, list(args), options)
+
+
+def slice_from(arr: pa.Array, start: int) -> pa.Array:
+    """Each string from code unit `start` on."""
+    return call("utf8_slice_codeunits", arr, options=SliceOptions(start))
+
+
+def take(arr: pa.Array, indices: np.ndarray) -> pa.Array:
+    return call("take", arr, numeric(indices))
 
 
 def to_numpy(arr: pa.Array, dtype: Any) -> np.ndarray:

@@ -180,7 +180,8 @@ class Assembler:
         base = np.uint64(f.no << 40) + self._seed_int
         span_ids = tree.splitmix64(base + np.arange(1, n + 1, dtype=np.uint64))
         parents = np.where(t.parent >= 0, span_ids[np.maximum(t.parent, 0)], np.uint64(0))
-        steps = np.unique(step[step >= 0])
+        steps = np.sort(step[step >= 0])  # np.unique alone would import numpy.ma (15 ms)
+        steps = steps[np.r_[True, steps[1:] != steps[:-1]]] if len(steps) else steps
         lut = np.array([self._trace(("step", s)) for s in steps.tolist()], np.int64)
         trace = np.full(n, self._trace(("file", f.no)), np.int64)
         has_step = t.step_row >= 0

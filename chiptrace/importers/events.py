@@ -18,7 +18,6 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from chiptrace.importers import arrow
 
@@ -143,9 +142,9 @@ def args_bodies(args: list[msgspec.Raw]) -> tuple[pa.StringArray, np.ndarray]:
     n = len(args)
     data = b"".join(args)
     lengths = np.fromiter(map(len, args), np.int32, n)
-    raw = arrow.binary_from(data, lengths)
+    text = arrow.binary_from(data, lengths, pa.string())
     try:
-        text = raw.cast(pa.string())
+        text.validate(full=True)
     except pa.ArrowInvalid:  # not UTF-8: keep what decodes, as JSON strings would
         text = arrow.strings([bytes(a).decode("utf-8", "replace") for a in args])
     # A Raw value has no whitespace around it: an object is `{...}` exactly.
@@ -154,9 +153,9 @@ def args_bodies(args: list[msgspec.Raw]) -> tuple[pa.StringArray, np.ndarray]:
     starts = ends - lengths
     is_obj = lengths >= 2
     is_obj[is_obj] = (buf[starts[is_obj]] == 0x7B) & (buf[ends[is_obj] - 1] == 0x7D)
-    body = pc.utf8_slice_codeunits(text, 1)
+    body = arrow.slice_from(text, 1)
     if not is_obj.all():
-        body = pc.if_else(arrow.booleans(is_obj), body, arrow.scalar("}"))
+        body = arrow.call("if_else", arrow.booleans(is_obj), body, arrow.scalar("}"))
     # Members: the first byte after `{` and any whitespace is not the closing `}`.
     rows = np.flatnonzero(is_obj)
     pos = starts[rows] + 1
@@ -172,8 +171,8 @@ def args_bodies(args: list[msgspec.Raw]) -> tuple[pa.StringArray, np.ndarray]:
 
 def splice(prefixes: list[str], codes: np.ndarray, bodies: pa.Array) -> pa.Array:
     """`{` + prefixes[code] + body per row: the attributes JSON of args_bodies' bodies."""
-    heads = arrow.strings(["{" + p for p in prefixes]).take(arrow.numeric(codes))
-    return pc.binary_join_element_wise(heads, bodies, arrow.scalar(""))
+    heads = arrow.take(arrow.strings(["{" + p for p in prefixes]), codes)
+    return arrow.call("binary_join_element_wise", heads, bodies, arrow.scalar(""))
 
 
 def static_batch(columns: dict[str, Any], n: int) -> pa.RecordBatch:

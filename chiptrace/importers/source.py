@@ -23,7 +23,7 @@ import msgspec
 
 from chiptrace.errors import ChiptraceError
 
-BLOCK_BYTES = 8 << 20  # events decoded per call; ~40k Kineto events, ~30 MB of structs
+BLOCK_BYTES = 2 << 20  # events decoded per call
 _READ_BYTES = 4 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
