@@ -35,6 +35,7 @@ class ImportSummary:
     files: list[dict[str, Any]] = field(default_factory=list)
     offsets_ns: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    workers: int = 0  # processes that decoded Kineto blocks beside the importing one
 
     @property
     def skipped(self) -> int:
@@ -48,6 +49,7 @@ class ImportSummary:
             "files": self.files,
             "offsets_ns": self.offsets_ns,
             "seconds": round(self.seconds, 3),
+            "workers": self.workers,
         }
 
 

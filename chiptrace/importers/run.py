@@ -80,7 +80,7 @@ def run_import(
             pool.close()  # the workers' memory goes before the second pass
         asm = Assembler(staging, seed, align)
         asm.finish(pending)
-        summary = ImportSummary(out=str(out))
+        summary = ImportSummary(out=str(out), workers=n_workers)
         summary.files = [_file_summary(f) for f in facts]
         summary.spans = sum(f.spans for f in facts)
         summary.offsets_ns = {
