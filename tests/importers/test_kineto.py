@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from decimal import Decimal
 
 import pytest
 
@@ -143,3 +144,29 @@ def test_ranks_share_step_traces_and_get_rank_qualified_chips(tmp_path):
     assert list(summary.offsets_ns.values()) and all(
         v % 1000 == 0 for v in summary.offsets_ns.values()
     )
+
+
+def _ns(us: float) -> int:
+    return int(Decimal(repr(us)) * 1000)  # the exact ns of a 3-decimal µs value
+
+
+def test_launches_view_gives_device_work_its_launch_and_delay(imported):
+    out, _ = imported("simple_add.json.gz")
+    doc = _complete(load_events("simple_add.json.gz"))
+    calls = {
+        e["args"]["correlation"]: e
+        for e in doc
+        if e["cat"] in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    want = sorted(
+        (e["name"], calls[c]["name"], _ns(e["ts"]) - _ns(calls[c]["ts"]) - _ns(calls[c]["dur"]))
+        for e in doc
+        if e["cat"] in DEVICE_CATS and (c := e["args"].get("correlation")) in calls
+    )
+    con = chiptrace.connect(out)
+    got = con.execute(
+        "SELECT name, launch_name, launch_delay_ns FROM launches ORDER BY ALL"
+    ).fetchall()
+    assert got == want and len(got) == 139
+    kinds = dict(con.execute("SELECT op_kind, count(*) FROM launches GROUP BY 1").fetchall())
+    assert kinds == {"compute": 79, "memcpy": 16, "memset": 3, "sync": 41}
