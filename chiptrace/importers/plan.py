@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from chiptrace.schema import TAG_COLUMNS
+
 # What a span is to the tree builder.
 ROLE_CPU = 0  # host work: nests per thread, takes the step its start falls in
 ROLE_DEVICE = 1  # device work: nests per stream, takes the step of the call that launched it
@@ -21,24 +23,18 @@ ROLE_STEP = 2  # a profiler step: always a root, its own trace
 ROLE_LAUNCH = 3  # a runtime call with a correlation id: the launch a device span links to
 ROLE_FREE = 4  # on no chip (the profiler's window, device-side annotations): nests, no link
 
+# The span columns final once a block is read (the rest come in the second pass).
 STATIC_COLUMNS = (
     "name",
-    "chip_id",
-    "chip_type",
-    "link_id",
-    "link_type",
-    "link_src",
-    "link_dst",
-    "op_kind",
+    *TAG_COLUMNS,
     "op_bytes",
+    "op_flops",
     "attributes",
     "pid",
     "service",
     "kind",
     "status_code",
     "status_message",
-    "op_flops",
-    "op_precision",
     "events",
 )
 
