@@ -1,8 +1,10 @@
-.PHONY: install test lint bench demo
+.PHONY: install test test-load lint bench demo
 install:
 	python3 -m pip install -e '.[test]'
 test:
 	python3 -m pytest -q
+test-load:
+	CHIPTRACE_LOAD_TESTS=1 python3 -m pytest -q -m load
 lint:
 	ruff check . && ruff format --check .
 bench:

@@ -12,7 +12,7 @@ once. A row is any object with these fields (chiptrace._span.Span has them):
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,8 +20,10 @@ import pyarrow as pa
 
 from chiptrace.schema import (
     ATTRIBUTE_COLUMNS,
+    COLUMN_ATTRIBUTES,
     TAG_COLUMNS,
     batch_from_columns,
+    chip_type_of,
     dumps,
     empty_batch,
     ids_to_binary,
@@ -43,14 +45,6 @@ _FIELD_NAMES = (
     "events",
     "links",
 )
-
-
-def _split_attributes(
-    static: Mapping[str, Any] | None, dynamic: Mapping[str, Any] | None
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    merged = {**static, **dynamic} if static and dynamic else dict(static or dynamic or {})
-    typed = {ATTRIBUTE_COLUMNS[k]: merged.pop(k) for k in list(merged) if k in ATTRIBUTE_COLUMNS}
-    return typed, merged or None
 
 
 def _json_events(events: Sequence[Any]) -> str:
@@ -75,49 +69,182 @@ def _tag_columns(tags: Sequence[Any]) -> tuple[dict[str, pa.Array], list[Any], n
     return cols, uniq, idx
 
 
-def rows_to_batch(rows: Sequence[Any], constants: Mapping[str, Any]) -> pa.RecordBatch:
-    """Convert finished span objects to one RecordBatch of the span schema.
+_INT64 = (-(2**63), 2**63 - 1)
+_INT_COLUMNS = frozenset({"op_bytes", "op_flops"})
+_BAD_VALUE = (TypeError, ValueError, OverflowError, AttributeError, pa.ArrowException)
+_DICT = pa.dictionary(pa.int32(), pa.string())
 
-    Args:
-        rows: span objects with the fields in this module's docstring.
-        constants: per-process columns (service, host, pid, scope, resource).
-    """
-    n = len(rows)
-    if n == 0:
-        return empty_batch()
-    field = {f: list(map(operator.attrgetter(f), rows)) for f in _FIELD_NAMES}
-    tag_cols, uniq, tag_idx = _tag_columns(field["tags"])
-    attrs = field["attributes"]
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _column(
+    values: list[Any],
+    convert: Callable[[list[Any]], Any],
+    what: str,
+    placeholder: Any,
+    bad: dict[int, str],
+) -> Any:  # what: "name (a string)", the field and what it takes
+    """`convert(values)`, minus the rows whose value it rejects: those are marked bad and
+    converted as `placeholder`. The whole column converts in one C call when every value
+    is good, so checking costs nothing then; only a bad buffer pays a loop per row, with
+    the same conversion as the judge of each value."""
+    try:
+        return convert(values)
+    except _BAD_VALUE:
+        pass
+    for i, v in enumerate(values):
+        try:
+            convert([v])
+        except _BAD_VALUE:
+            field, _, expected = what.partition(" ")
+            reason = f"expected {expected.strip('()')}" if expected else "cannot be encoded"
+            bad.setdefault(i, f"{field}={_short(v)}: {reason}")
+            values[i] = placeholder
+    return convert(values)
+
+
+def _ints(dtype: Any) -> Callable[[list[Any]], np.ndarray]:
+    return lambda values: np.fromiter(values, dtype, len(values))
+
+
+def _fits(col: str, value: Any) -> bool:
+    """Whether an attribute value fits its typed column (the collector's rule)."""
+    if col in _INT_COLUMNS:
+        return _is_int(value) and _INT64[0] <= value <= _INT64[1]
+    return isinstance(value, str)
+
+
+def _attribute_columns(
+    attrs: list[Any], uniq: list[Any], tag_idx: np.ndarray, bad: dict[int, str]
+) -> tuple[list[str | None], dict[str, dict[int, Any]]]:
+    """The JSON `attributes` column and per-row overrides of the typed columns, for the
+    rows that carry attributes (static ones from the decorator, or set on the span)."""
+    n = len(attrs)
     static = np.array([u.attributes is not None for u in uniq])[tag_idx]
     dynamic = np.fromiter((a is not None for a in attrs), bool, n)
     attr_json: list[str | None] = [None] * n
     overrides: dict[str, dict[int, Any]] = {}
     for i in np.flatnonzero(static | dynamic).tolist():
-        typed, rest = _split_attributes(uniq[tag_idx[i]].attributes, attrs[i])
+        s, d = uniq[tag_idx[i]].attributes, attrs[i]
+        rest = {**s, **d} if s and d else dict(s or d or {})
+        typed = {ATTRIBUTE_COLUMNS[k]: rest.pop(k) for k in list(rest) if k in ATTRIBUTE_COLUMNS}
+        reason = None
+        for col, value in typed.items():
+            if _fits(col, value):
+                continue
+            expected = "an integer (int64)" if col in _INT_COLUMNS else "a string"
+            reason = f"{COLUMN_ATTRIBUTES[col]}={_short(value)}: expected {expected}"
+            break
+        if reason is None and rest:
+            try:
+                attr_json[i] = dumps(rest)
+            except (TypeError, ValueError) as e:  # keys that are not strings, a cycle
+                reason = f"attributes: {e}"
+        if reason is not None:
+            bad.setdefault(i, reason)
+            continue
+        if "chip_id" in typed and "chip_type" not in typed:
+            typed["chip_type"] = chip_type_of(typed["chip_id"])
         for col, value in typed.items():
             overrides.setdefault(col, {})[i] = value
-        if rest:
-            attr_json[i] = dumps(rest)
-    columns: dict[str, Any] = {
-        "trace_id": trace_ids_to_binary(field["trace_id"]),
-        "span_id": ids_to_binary(field["span_id"]),
-        "parent_span_id": ids_to_binary(field["parent_id"], zero_is_null=True),
-        "name": field["name"],
-        "kind": np.fromiter(field["kind"], np.int8, n),
-        "start_ns": np.fromiter(field["start_ns"], np.int64, n),
-        "end_ns": np.fromiter(field["end_ns"], np.int64, n),
-        "status_code": np.fromiter(field["status_code"], np.int8, n),
-        "status_message": field["status_message"],
-        "attributes": attr_json,
-        "events": [_json_events(e) if e else None for e in field["events"]],
-        "links": [_json_links(lk) if lk else None for lk in field["links"]],
-        **tag_cols,
-        **constants,
+    return attr_json, overrides
+
+
+def _checked_columns(field: dict[str, list[Any]], bad: dict[int, str]) -> dict[str, Any]:
+    """The columns whose values come from the user (names, status, kind, end time,
+    events, links), converted; the rows whose value does not convert are marked bad."""
+    names = _column(field["name"], lambda v: pa.array(v, _DICT), "name (a string)", "", bad)
+    for i in np.flatnonzero(names.is_null()).tolist() if names.null_count else ():
+        bad.setdefault(i, "name=None: expected a string")
+    return {
+        "name": names,
+        "status_message": _column(
+            field["status_message"],
+            lambda v: pa.array(v, pa.string()),
+            "status_description (a string)",
+            None,
+            bad,
+        ),
+        "kind": _column(field["kind"], _ints(np.int8), "kind (a span kind, 0-5)", 0, bad),
+        "end_ns": _column(field["end_ns"], _ints(np.int64), "end_time (integer Unix ns)", 0, bad),
+        "events": _column(
+            field["events"],
+            lambda v: [_json_events(e) if e else None for e in v],
+            "events",
+            None,
+            bad,
+        ),
+        "links": _column(
+            field["links"],
+            lambda v: [_json_links(lk) if lk else None for lk in v],
+            "links",
+            None,
+            bad,
+        ),
     }
+
+
+def _override(columns: dict[str, Any], overrides: dict[str, dict[int, Any]], n: int) -> None:
+    """Typed attributes set on a span win over its decorator's tag columns."""
     for col, values in overrides.items():
+        if not values:
+            continue
         base = columns.get(col)
         merged = base.to_pylist() if isinstance(base, pa.Array) else [None] * n
         for i, v in values.items():
             merged[i] = v
         columns[col] = merged
-    return batch_from_columns(columns, n)
+
+
+def rows_to_batch(
+    rows: Sequence[Any], constants: Mapping[str, Any]
+) -> tuple[pa.RecordBatch, dict[int, str]]:
+    """Convert finished span objects to one RecordBatch of the span schema.
+
+    Each span is checked on its own, as the collector checks each value: a value that
+    does not fit its column (`op.bytes="4 MiB"`, a name that is not a string, an end
+    time that is not an integer) costs that span, not the buffer.
+
+    Args:
+        rows: span objects with the fields in this module's docstring.
+        constants: per-process columns (service, host, pid, scope, resource).
+
+    Returns:
+        The batch of the good spans, and {row index: why} for the spans left out.
+    """
+    n = len(rows)
+    if n == 0:
+        return empty_batch(), {}
+    field = {f: list(map(operator.attrgetter(f), rows)) for f in _FIELD_NAMES}
+    bad: dict[int, str] = {}
+    checked = _checked_columns(field, bad)
+    tag_cols, uniq, tag_idx = _tag_columns(field["tags"])
+    attr_json, overrides = _attribute_columns(field["attributes"], uniq, tag_idx, bad)
+    for i in bad:  # left out below: no typed override needs to convert for them
+        for values in overrides.values():
+            values.pop(i, None)
+    columns: dict[str, Any] = {
+        "trace_id": trace_ids_to_binary(field["trace_id"]),
+        "span_id": ids_to_binary(field["span_id"]),
+        "parent_span_id": ids_to_binary(field["parent_id"], zero_is_null=True),
+        "start_ns": np.fromiter(field["start_ns"], np.int64, n),
+        "status_code": np.fromiter(field["status_code"], np.int8, n),
+        "attributes": attr_json,
+        **checked,
+        **tag_cols,
+        **constants,
+    }
+    _override(columns, overrides, n)
+    batch = batch_from_columns(columns, n)
+    if bad:
+        keep = np.ones(n, dtype=bool)
+        keep[list(bad)] = False
+        batch = batch.filter(pa.array(keep))
+    return batch, bad

@@ -9,6 +9,7 @@ every extra Python call level costs about 0.05 us of that.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -128,11 +129,15 @@ class Span(otel_trace.Span):
         return self.end_ns == 0
 
     def set_attribute(self, key: str, value: Any) -> None:
+        if self.end_ns:
+            return _ended(self, "set_attribute")
         if self.attributes is None:
             self.attributes = {}
         self.attributes[key] = value
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        if self.end_ns:
+            return _ended(self, "set_attributes")
         if self.attributes is None:
             self.attributes = {}
         self.attributes.update(attributes)
@@ -140,6 +145,8 @@ class Span(otel_trace.Span):
     def add_event(
         self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None
     ) -> None:
+        if self.end_ns:
+            return _ended(self, "add_event")
         if self.events is None:
             self.events = []
         self.events.append(
@@ -147,6 +154,8 @@ class Span(otel_trace.Span):
         )
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
+        if self.end_ns:
+            return _ended(self, "add_link")
         if context is None or not context.is_valid:
             return
         if self.links is None:
@@ -156,9 +165,13 @@ class Span(otel_trace.Span):
         )
 
     def update_name(self, name: str) -> None:
+        if self.end_ns:
+            return _ended(self, "update_name")
         self.name = name
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if self.end_ns:
+            return _ended(self, "set_status")
         if isinstance(status, Status):
             code, description = status.status_code, status.description or description
         else:
@@ -197,6 +210,22 @@ class Span(otel_trace.Span):
         self.status_code = STATUS_ERROR
         self.status_message = f"{type(exc).__qualname__}: {exc}"
         self.record_exception(exc, escaped=True)
+
+
+_warned_ended = False
+
+
+def _ended(span: Span, what: str) -> None:
+    """A write to an ended span is ignored, with one warning per process (as the
+    OpenTelemetry SDK does): the writer thread may be reading the span already."""
+    global _warned_ended
+    if span.end_ns > 0 and not _warned_ended:  # -1: never recorded (tracing disabled)
+        _warned_ended = True
+        logging.getLogger("chiptrace").warning(
+            "chiptrace: %s on ended span %r ignored (further such writes are ignored silently)",
+            what,
+            span.name,
+        )
 
 
 def _open(name: str, tags: Tags, kind: int) -> tuple[Span, Any]:

@@ -119,6 +119,7 @@ def trace(
 
     Raises:
         ChipError: unknown chip, link, op kind or precision (at decoration, not per call).
+        TypeError: the decorated object is a class or not callable.
     """
     tags = _make_tags(chip, link, op, precision, attributes)
     span_kind = _kind(kind)
@@ -126,6 +127,7 @@ def trace(
     def decorate(f: Callable[P, R]) -> Callable[P, R]:
         if isinstance(f, (staticmethod, classmethod)):
             return type(f)(decorate(f.__func__))  # type: ignore[return-value]
+        _check_decoratable(f)
         if not _STATE.enabled:
             return f  # CHIPTRACE_ENABLED=0 at import: zero cost, the function untouched
         span_name = name or _default_name(f)
@@ -143,6 +145,21 @@ def trace(
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def _check_decoratable(f: Any) -> None:
+    """A class would become a function (isinstance and subclassing break), and anything
+    else not callable would fail at the first call: say so at decoration instead."""
+    if isinstance(f, type):
+        raise TypeError(
+            f"@chiptrace.trace cannot decorate class {f.__name__}: "
+            "decorate its methods (or __init__) instead"
+        )
+    if not callable(f):
+        raise TypeError(
+            f"@chiptrace.trace expects a function, got {type(f).__name__} {f!r:.60}; "
+            "for a name use @chiptrace.trace(name=...)"
+        )
 
 
 def _default_name(f: Callable[..., Any]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from chiptrace import config as _config
 from chiptrace._span import _STATE
-from chiptrace.recorder import Recorder, SpanSink, StoreSink, on_exit
+from chiptrace.recorder import Recorder, SpanSink, StoreSink, cancel_exit, on_exit
 from chiptrace.store import PartWriter
 
 
@@ -75,7 +75,7 @@ def init(
     with _STATE.lock:
         old, _STATE.recorder = _STATE.recorder, None
         if old is not None:
-            old.shutdown()
+            _release(old)
         _stop_sampler()
         _STATE.enabled = cfg.enabled
         if not cfg.enabled:
@@ -110,8 +110,26 @@ def _build_recorder(
     rec = Recorder(cfg, all_sinks, writer)
     on_exit(rec.shutdown)
     # multiprocessing children leave through os._exit, skipping atexit; its finalizers run.
-    multiprocessing.util.Finalize(rec, rec.shutdown, exitpriority=100)
+    _finalizers[id(rec)] = multiprocessing.util.Finalize(rec, rec.shutdown, exitpriority=100)
     return rec
+
+
+# The Finalize holds rec.shutdown, a strong reference: a replaced recorder must cancel it
+# (and its exit hook), or every init() would keep one recorder alive until exit.
+_finalizers: dict[int, Any] = {}
+
+
+def _release(rec: Recorder) -> None:
+    """Flush and stop a recorder, and drop every reference chiptrace kept to it."""
+    rec.shutdown()
+    _forget(rec)
+
+
+def _forget(rec: Recorder) -> None:
+    cancel_exit(rec.shutdown)
+    fin = _finalizers.pop(id(rec), None)
+    if fin is not None:
+        fin.cancel()
 
 
 _auto_lock = threading.Lock()
@@ -126,6 +144,7 @@ def _after_fork_in_child() -> None:
     rec, _STATE.recorder = _STATE.recorder, None
     if rec is not None:
         rec.abandon()
+        _forget(rec)
         _STATE.fork_config = rec.config
 
 
@@ -175,6 +194,7 @@ def _stop_sampler() -> None:
     sampler, _STATE.sampler = _STATE.sampler, None
     if sampler is not None:
         sampler.stop()
+        cancel_exit(sampler.stop)
 
 
 def get_recorder() -> Recorder | None:
@@ -193,7 +213,7 @@ def shutdown() -> None:
     with _STATE.lock:
         rec, _STATE.recorder = _STATE.recorder, None
     if rec is not None:
-        rec.shutdown()
+        _release(rec)
     _stop_sampler()
 
 

@@ -13,6 +13,7 @@ import atexit
 import collections
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -30,6 +31,16 @@ from chiptrace.store import PartWriter
 log = logging.getLogger("chiptrace")
 
 _POLL_S = 0.05
+
+
+def _why(e: BaseException) -> str:
+    """An OS error's plain reason ("No space left on device"); pyarrow's own OSErrors
+    carry the errno only inside their message."""
+    code = getattr(e, "errno", None)
+    found = re.search(r"\[errno (\d+)\]", str(e), re.IGNORECASE)
+    if code is None and found:
+        code = int(found.group(1))
+    return os.strerror(code) if code else str(e).splitlines()[0]
 
 
 class SpanSink(Protocol):
@@ -50,7 +61,7 @@ class StoreSink:
         self.writer.write(batch)
 
     def close(self) -> None:
-        pass
+        self.writer.close()  # the manifest says the writer has ended (a viewer shows ENDED)
 
 
 class Recorder:
@@ -76,10 +87,16 @@ class Recorder:
         self.dropped = 0
         self.sink_errors = 0
         self.spans_flushed = 0
+        self.spans_rejected = 0  # of `dropped`: spans with a value that fits no column
+        self._dropped_recorded = 0
+        self._failing: set[int] = set()  # sinks whose last write failed (warned once)
+        self._failing_names: set[str] = set()
+        self.store_error: str | None = None  # the first failure of the first sink (the store)
         self._batches: collections.deque[pa.RecordBatch] = collections.deque()
         self._batch_rows = 0
         self._drop_lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        self._shutdown_lock = threading.Lock()
         self._space = threading.Condition()
         self._wake = threading.Event()
         self._stop = False
@@ -143,7 +160,16 @@ class Recorder:
         out: list[pa.RecordBatch] = []
         if n:
             popleft = self.rows.popleft
-            out.append(rows_to_batch([popleft() for _ in range(n)], self.constants))
+            rows = [popleft() for _ in range(n)]
+            try:
+                batch, rejected = rows_to_batch(rows, self.constants)
+            except Exception:  # noqa: BLE001 - a bug in the conversion must not kill the writer
+                log.exception("chiptrace: could not convert %d buffered spans; dropped", n)
+                self.drop(n)
+            else:
+                if rejected:
+                    self._reject(rejected)
+                out.append(batch)
         with self._space:
             while self._batches:
                 out.append(self._batches.popleft())
@@ -151,24 +177,26 @@ class Recorder:
             self._space.notify_all()
         return out
 
+    def _reject(self, rejected: Mapping[int, str]) -> None:
+        """Count spans left out for a bad value; one warning line per flush says why."""
+        self.drop(len(rejected))
+        self.spans_rejected += len(rejected)
+        first = next(iter(rejected.values()))
+        more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
+        log.warning("chiptrace: dropped a span with a bad value: %s%s", first, more)
+
     def flush(self) -> int:
         """Hand everything buffered to the sinks now; returns the spans flushed."""
         with self._flush_lock:
             self._last_flush = time.monotonic()
-            try:
-                batches = self._take()
-            except Exception:  # noqa: BLE001 - a bad row must not kill the writer thread
-                log.exception("chiptrace: could not convert buffered spans; dropped")
-                self.drop(len(self.rows))
-                self.rows.clear()
-                return 0
+            batches = self._take()
             total = sum(b.num_rows for b in batches)
             if total:
                 table = pa.Table.from_batches(batches, SPAN_SCHEMA).combine_chunks()
                 for batch in table.to_batches(max_chunksize=1 << 20):
                     self._emit(batch)
                 self.spans_flushed += total
-            if self.writer is not None and (total or self.dropped):
+            if self.writer is not None and (total or self.dropped != self._dropped_recorded):
                 self._update_manifest()
             return total
 
@@ -180,13 +208,27 @@ class Recorder:
                 self.sink_errors += 1
                 if i == 0:
                     self.drop(batch.num_rows)
-                log.warning("chiptrace: sink %s failed: %s", type(sink).__name__, e)
+                    self.store_error = self.store_error or _why(e)
+                # One line when a sink starts failing (a full disk fails every flush).
+                if i not in self._failing:
+                    self._failing.add(i)
+                    log.warning("chiptrace: sink %s failed: %s", type(sink).__name__, e)
+            else:
+                self._failing.discard(i)
 
     def _update_manifest(self) -> None:
+        dropped = self.dropped
         try:
-            self.writer.write_manifest(spans_dropped=self.dropped, sink_errors=self.sink_errors)
+            self.writer.write_manifest(
+                spans_dropped=dropped,
+                spans_rejected=self.spans_rejected,
+                sink_errors=self.sink_errors,
+            )
+            self._dropped_recorded = dropped
         except OSError as e:
-            log.warning("chiptrace: could not update manifest: %s", e)
+            if "manifest" not in self._failing_names:
+                self._failing_names.add("manifest")
+                log.warning("chiptrace: could not update manifest: %s", e)
 
     def _run(self) -> None:
         interval = self.config.flush_interval_s
@@ -207,10 +249,12 @@ class Recorder:
         self.writer = None
 
     def shutdown(self) -> None:
-        """Flush what is buffered, stop the thread, close the sinks. Idempotent."""
-        if self._stop:
-            return
-        self._stop = True
+        """Flush what is buffered, stop the thread, close the sinks. Idempotent, and safe
+        from two threads at once (an exit hook and the program's own shutdown())."""
+        with self._shutdown_lock:
+            if self._stop:
+                return
+            self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
         self.flush()
@@ -222,9 +266,15 @@ class Recorder:
 
 
 # ---------------------------------------------------------------- process exit
+#
+# The SIGTERM handler only writes a byte to a pipe: Python runs handlers on the main thread
+# between bytecodes, so a handler that flushed would wait for a lock the interrupted main
+# thread may hold (its own flush()) and never return. A watcher thread reads the pipe, runs
+# the exit hooks on an ordinary thread, then ends the process as SIGTERM would have.
 
 _exit_hooks: list[Callable[[], None]] = []
 _installed = False
+_signal_pipe: tuple[int, int] | None = None
 
 
 def on_exit(hook: Callable[[], None]) -> None:
@@ -238,24 +288,76 @@ def on_exit(hook: Callable[[], None]) -> None:
     if threading.current_thread() is threading.main_thread():
         try:
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                _start_watcher()
                 signal.signal(signal.SIGTERM, _on_sigterm)
         except (ValueError, OSError):
             pass
 
 
+def cancel_exit(hook: Callable[[], None]) -> None:
+    """Forget a hook registered with `on_exit` (a replaced recorder): nothing keeps it alive."""
+    try:
+        _exit_hooks.remove(hook)
+    except ValueError:
+        pass
+
+
 def _run_exit_hooks() -> None:
-    while _exit_hooks:
-        hook = _exit_hooks.pop()
+    while True:
+        try:
+            hook = _exit_hooks.pop()
+        except IndexError:
+            return
         try:
             hook()
         except Exception:  # noqa: BLE001
             log.exception("chiptrace: exit hook failed")
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _start_watcher() -> None:
+    global _signal_pipe
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    _signal_pipe = (r, w)
+    threading.Thread(target=_watch, args=(r,), name="chiptrace-sigterm", daemon=True).start()
+
+
+def _watch(fd: int) -> None:
+    try:
+        if not os.read(fd, 1):
+            return
+    except OSError:
+        return
     _run_exit_hooks()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # _on_sigterm reset the disposition to the default (signal.signal() works only on the
+    # main thread), so this ends the process with the status SIGTERM gives.
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    if _signal_pipe is None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    try:
+        os.write(_signal_pipe[1], b"T")
+    except OSError:  # the pipe is full: a wake-up is already pending
+        pass
+
+
+def _after_fork_in_child() -> None:
+    """The watcher thread does not survive fork: a child gets its own pipe and thread."""
+    global _signal_pipe
+    if _signal_pipe is not None:
+        for fd in _signal_pipe:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        _start_watcher()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def describe(recorder: Recorder) -> Mapping[str, Any]:

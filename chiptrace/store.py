@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import secrets
 import socket
 import sys
@@ -49,23 +50,36 @@ SPAN_WRITE_OPTIONS: dict[str, Any] = {
 }
 
 
+def _host_token(host: str) -> str:
+    return host.replace("/", "_").replace(os.sep, "_")
+
+
 def new_writer_id(host: str | None = None) -> str:
     """`host-pid-nonce`: unique across processes, hosts and pid reuse."""
-    host = (host or socket.gethostname()).replace("/", "_").replace(os.sep, "_")
-    return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
+    return f"{_host_token(host or socket.gethostname())}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def temp_path(path: Path) -> Path:
+    """A hidden temporary name beside `path` (readers skip dot files)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+
+
+def commit_temp(tmp: Path, path: Path) -> None:
+    """fsync a finished temporary file, then rename it to `path` in one step."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
 
 
 def write_atomic(path: Path, write: Any) -> None:
     """Call write(tmp_path), fsync, then rename to path: readers see all of it or none."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp = temp_path(path)
     try:
         write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        commit_temp(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -123,6 +137,7 @@ class PartWriter:
             (self.directory / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create trace dir {self.directory}: {e.strerror}") from e
+        remove_stale_temps(self.directory)  # a killed writer's leftovers, never a live one's
         self.manifest: dict[str, Any] = {
             "writer_id": self.writer_id,
             "host": socket.gethostname(),
@@ -137,7 +152,12 @@ class PartWriter:
             "argv": list(sys.argv),
             **(manifest or {}),
         }
-        self.write_manifest()
+        try:
+            self.write_manifest()
+        except OSError as e:  # a full disk at start: one line, not a traceback
+            raise StoreError(
+                f"cannot write to trace dir {self.directory}: {e.strerror or e}"
+            ) from e
 
     def write(self, batch: pa.RecordBatch | pa.Table, partition: str | None = None) -> Path:
         """Write one part; returns its path. Thread-safe: threads encode parts at once (the
@@ -161,19 +181,29 @@ class PartWriter:
         return path
 
     def write_manifest(self, **updates: Any) -> None:
-        """Replace this writer's manifest atomically with current counts and `updates`."""
-        self.manifest.update(updates)
-        self.manifest.update(
-            spans_written=self.spans_written,
-            parts_written=self.parts_written,
-            bytes_written=self.bytes_written,
-            updated_unix_ns=time.time_ns(),
-        )
-        if self.table != SPANS_DIR:
-            self.manifest.update(table=self.table, rows_written=self.rows_written)
-        path = self.directory / MANIFEST_DIR / f"{self.writer_id}.json"
-        text = json.dumps(self.manifest, indent=1, default=str)
-        write_atomic(path, lambda tmp: tmp.write_text(text))
+        """Replace this writer's manifest atomically with current counts and `updates`.
+
+        Raises:
+            OSError: the manifest cannot be written (a full disk, a read-only dir).
+        """
+        with self._lock:  # the counters and the manifest change together, never half
+            self.manifest.update(updates)
+            self.manifest.update(
+                spans_written=self.spans_written,
+                parts_written=self.parts_written,
+                bytes_written=self.bytes_written,
+                updated_unix_ns=time.time_ns(),
+            )
+            if self.table != SPANS_DIR:
+                self.manifest.update(table=self.table, rows_written=self.rows_written)
+            path = self.directory / MANIFEST_DIR / f"{self.writer_id}.json"
+            text = json.dumps(self.manifest, indent=1, default=str)
+            write_atomic(path, lambda tmp: tmp.write_text(text))
+
+    def close(self, **updates: Any) -> None:
+        """Record that this writer has finished (`ended_unix_ns`): a viewer following the
+        directory shows the run as ENDED once every writer has."""
+        self.write_manifest(ended_unix_ns=time.time_ns(), **updates)
 
 
 # ---------------------------------------------------------------- reading
@@ -212,24 +242,62 @@ def part_files(directory: Path, table: str = SPANS_DIR) -> list[Path]:
     return sorted(p for p in root.rglob(f"*{PART_SUFFIX}") if not p.name.startswith("."))
 
 
-def check_part(path: Path) -> str | None:
-    """Return why a part is unreadable, or None when its footer and version are good.
+def _type_family(t: pa.DataType) -> str:
+    """What a reader can rely on of a column's type: dictionary encoding, string width and
+    integer width differ between writers (pyarrow, DuckDB, Spark) and all read the same."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    for family, test in (
+        ("string", lambda x: pa.types.is_string(x) or pa.types.is_large_string(x)),
+        (
+            "binary",
+            lambda x: (
+                pa.types.is_binary(x)
+                or pa.types.is_large_binary(x)
+                or pa.types.is_fixed_size_binary(x)
+            ),
+        ),
+        ("integer", pa.types.is_integer),
+        ("float", pa.types.is_floating),
+    ):
+        if test(t) or (family == "string" and str(t) == "string_view"):
+            return family
+    return str(t)
+
+
+def schema_problem(found: pa.Schema, expected: pa.Schema) -> str | None:
+    """Why a part's schema does not fit the table's, or None: a required column missing,
+    or a column whose type is of another family (text where integers belong)."""
+    names = set(found.names)
+    for f in expected:
+        if f.name not in names:
+            if not f.nullable:
+                return f"missing column {f.name!r}"
+            continue  # an older part without a newer nullable column reads as nulls
+        got = found.field(f.name).type
+        if _type_family(got) != _type_family(f.type):
+            return f"column {f.name!r} is {got}, expected {f.type}"
+    return None
+
+
+def check_part(path: Path, schema: pa.Schema | None = SPAN_SCHEMA) -> str | None:
+    """Return why a part is unusable, or None when its footer, version and schema are good.
+
+    Args:
+        path: a Parquet part.
+        schema: the table's schema its columns must fit (None: do not check columns).
 
     Raises:
         SchemaVersionError: the part was written by a newer schema than this chiptrace reads.
     """
     try:
         meta = pq.read_metadata(path)
+        arrow = meta.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as e:
         return str(e).splitlines()[0] if str(e) else type(e).__name__
     kv = meta.metadata or {}
-    raw = kv.get(SCHEMA_VERSION_KEY)
-    if raw is None:
-        # Arrow keeps the schema's metadata inside its own serialized schema entry.
-        try:
-            raw = meta.schema.to_arrow_schema().metadata.get(SCHEMA_VERSION_KEY)
-        except Exception:  # noqa: BLE001 - a part without arrow metadata is still readable
-            raw = None
+    # Arrow keeps the schema's metadata inside its own serialized schema entry.
+    raw = kv.get(SCHEMA_VERSION_KEY) or (arrow.metadata or {}).get(SCHEMA_VERSION_KEY)
     if raw is not None:
         try:
             version = int(raw)
@@ -240,20 +308,68 @@ def check_part(path: Path) -> str | None:
                 f"{path}: schema version {version} is newer than this chiptrace reads "
                 f"({SCHEMA_VERSION}); upgrade chiptrace"
             )
-    return None
+    return schema_problem(arrow, schema) if schema is not None else None
 
 
 def good_parts(
-    dirs: Iterable[Path], table: str = SPANS_DIR
+    dirs: Iterable[Path], table: str = SPANS_DIR, schema: pa.Schema | None = SPAN_SCHEMA
 ) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """Split the parts of `dirs` into readable ones and (bad file, reason) pairs."""
+    """Split the parts of `dirs` into usable ones and (bad file, reason) pairs."""
     good: list[Path] = []
     bad: list[tuple[Path, str]] = []
     for d in dirs:
         for part in part_files(d, table):
-            reason = check_part(part)
+            reason = check_part(part, schema)
             (bad.append((part, reason)) if reason else good.append(part))
     return good, bad
+
+
+# A part's temporary name while it is written: `.part-HOST-PID-NONCE-SEQ.parquet.HEX.tmp`
+# (a manifest's: `.HOST-PID-NONCE.json.HEX.tmp`); see write_atomic and new_writer_id.
+_TEMP = re.compile(
+    r"^\.(?:part-)?(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{6}(?:-\d+)?\.\w+\.[0-9a-f]+\.tmp$"
+)
+STALE_TEMP_S = 3600.0
+
+
+def writer_gone(host: str, pid: int) -> bool:
+    """Whether the writer process `pid` on `host` has exited (False when it cannot tell:
+    another host's writer)."""
+    if _host_token(host) != _host_token(socket.gethostname()):
+        return False  # another host's writer: only its age tells
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, someone else's
+    return False
+
+
+def remove_stale_temps(directory: Path, older_than_s: float = STALE_TEMP_S) -> list[Path]:
+    """Delete temporary files a killed writer left behind; returns what was removed.
+
+    A temp file is stale when its writer (host and pid in its name) is gone from this
+    host, or when it is older than `older_than_s` (no part takes an hour to write). A live
+    writer's file in flight is never touched. A read-only directory is left as it is.
+    """
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    now = time.time()
+    for folder in (directory / SPANS_DIR, directory / MANIFEST_DIR, directory / "metrics"):
+        if not folder.is_dir():
+            continue
+        for path in folder.rglob(".*.tmp"):
+            m = _TEMP.match(path.name)
+            try:
+                old = now - path.stat().st_mtime > older_than_s
+                if old or (m and writer_gone(m["host"], int(m["pid"]))):
+                    path.unlink()
+                    removed.append(path)
+            except OSError:
+                continue
+    return removed
 
 
 def read_manifests(dirs: Iterable[Path]) -> list[dict[str, Any]]:

@@ -43,6 +43,22 @@ def attributes(row: dict[str, Any]) -> dict[str, Any]:
     return attrs
 
 
+MAX_SAFE_INT = 2**53 - 1  # beyond it a JSON number loses digits in JavaScript (the UIs)
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every integer beyond 2^53 as a decimal string, as Jaeger writes them:
+    the Jaeger UI and Perfetto read JSON numbers as doubles (1152921504606846979 would
+    show as 1152921504606847000)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value) if abs(value) > MAX_SAFE_INT else value
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def events(row: dict[str, Any]) -> list[dict[str, Any]]:
     """`[{"name", "time_ns", "attributes"}]` from the events column."""
     evs = _loads(row.get("events"), [])

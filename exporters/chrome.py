@@ -5,9 +5,8 @@ on neither, per service, named by metadata (`M`) events and sorted chips first (
 CHIP_TYPES order), then links. Spans are complete (`X`) events with their ids and
 attributes as args; span events are thread-scoped instants. A track's slices must nest
 strictly, so spans that overlap on one chip without nesting (two streams, two threads)
-go to sub-tracks named `gpu:0 #2`, `gpu:0 #3`, ... Flow events (`s`/`f`) run from each
-transfer to the op it feeds: a span linked to a transfer span (the `links` column), or a
-span whose parent is a transfer.
+go to sub-tracks named `gpu:0 #2`, `gpu:0 #3`, ... Flow events (`s`/`f`) join every span
+link (the `links` column), drawn forward in time, and each transfer to its child spans.
 
 Times are microseconds from the first span's start (the file's `otherData.t0_unix_ns`),
 printed to the nanosecond: Unix-epoch microseconds as doubles would lose the nanoseconds.
@@ -67,6 +66,52 @@ _TRACK_SQL = """CASE WHEN coalesce(chip_id, '') <> '' THEN chip_id
      WHEN coalesce(link_id, '') <> '' THEN link_id
      ELSE coalesce(nullif(service, ''), 'spans') END"""
 _HOST_SQL = "coalesce(nullif(host, ''), 'host')"
+# The last nanosecond inside a span (its start when it has no length).
+_LAST_NS = "greatest({t}.start_ns, {t}.end_ns - 1)"
+
+# Flow arrows: the edges (each span link; each child of a transfer), the two spans of each,
+# the earlier one as the source (`fwd`), and the instants the arrow leaves and lands.
+_FLOWS_SQL = f"""
+WITH edges AS (
+    SELECT 'parent' AS via, s.trace_id AS ta, s.parent_span_id AS a,
+           s.trace_id AS tb, s.span_id AS b
+    FROM selected s WHERE s.parent_span_id IS NOT NULL
+    UNION ALL
+    SELECT 'link', coalesce(from_hex(nullif(lk ->> 'trace_id', '')), dt),
+           from_hex(lk ->> 'span_id'), dt, ds
+    FROM (SELECT s.trace_id AS dt, s.span_id AS ds, unnest(json_extract(s.links, '$[*]')) AS lk
+          FROM selected s WHERE s.links IS NOT NULL AND json_valid(s.links)
+          AND json_type(s.links) = 'ARRAY')
+    WHERE regexp_full_match(coalesce(lk ->> 'span_id', ''), '([0-9a-fA-F]{{2}})+')
+      AND regexp_full_match(coalesce(lk ->> 'trace_id', ''), '(([0-9a-fA-F]{{2}})+)?')
+),
+pairs AS (
+    SELECT e.ta, e.a, e.tb, e.b,
+           x.start_ns AS a0, {_LAST_NS.format(t="x")} AS a1,
+           y.start_ns AS b0, {_LAST_NS.format(t="y")} AS b1
+    FROM edges e
+    JOIN selected x ON x.trace_id = e.ta AND x.span_id = e.a
+    JOIN selected y ON y.trace_id = e.tb AND y.span_id = e.b
+    WHERE (e.ta <> e.tb OR e.a <> e.b)
+      AND (e.via = 'link' OR coalesce(x.link_id, '') <> '')
+),
+directed AS (
+    SELECT CASE WHEN fwd THEN ta ELSE tb END AS st, CASE WHEN fwd THEN a ELSE b END AS ss,
+           CASE WHEN fwd THEN tb ELSE ta END AS dt, CASE WHEN fwd THEN b ELSE a END AS ds,
+           CASE WHEN fwd THEN a0 ELSE b0 END AS s0, CASE WHEN fwd THEN a1 ELSE b1 END AS s1,
+           CASE WHEN fwd THEN b0 ELSE a0 END AS d0, CASE WHEN fwd THEN b1 ELSE a1 END AS d1
+    FROM (SELECT *, a0 <= b1 AS fwd FROM pairs)
+),
+timed AS (
+    SELECT DISTINCT st, ss, dt, ds, greatest(s0, least(s1, d1)) AS s_ts, d0 FROM directed
+)
+SELECT sp.pid AS spid, sp.tid AS stid, s_ts,
+       dp.pid AS dpid, dp.tid AS dtid, greatest(d0, s_ts) AS d_ts
+FROM timed t
+JOIN chiptrace_placed sp ON sp.trace_id = t.st AND sp.span_id = t.ss
+JOIN chiptrace_placed dp ON dp.trace_id = t.dt AND dp.span_id = t.ds
+ORDER BY d_ts, s_ts, dpid, dtid, spid, stid
+"""
 
 
 class _Writer:
@@ -128,8 +173,10 @@ class _Writer:
         placed = self._slices(pids, names)
         con.register("chiptrace_placed", placed)
         self._flows()
+        # No displayTimeUnit: ts and dur are microseconds, the format's unit; viewers that
+        # honour "ns" there would draw every span 1000x too short.
         self.fh.write(
-            f'],"displayTimeUnit":"ns","otherData":{{"generator":"chiptrace",'
+            f'],"otherData":{{"generator":"chiptrace",'
             f'"t0_unix_ns":{self.t0},"spans":{self.slices}}}}}'
         )
         return self.slices
@@ -207,7 +254,7 @@ class _Writer:
             args["parent_span_id"] = A.hex_id(row["parent_span_id"])
         if row.get("service"):
             args["service"] = row["service"]
-        args.update(A.attributes(row))
+        args.update(A.json_safe(A.attributes(row)))
         if row.get("status_code") == 2:
             args["status"] = "ERROR" + (
                 f": {row['status_message']}" if row.get("status_message") else ""
@@ -233,41 +280,18 @@ class _Writer:
                     "pid": pid,
                     "tid": tid,
                     "ts": _us(int(ev.get("time_ns", row["start_ns"])) - self.t0),
-                    "args": ev.get("attributes") or {},
+                    "args": A.json_safe(ev.get("attributes") or {}),
                 }
             )
 
     def _flows(self) -> None:
-        """A flow from each transfer to the span it feeds: the span links to it (the
-        `links` column), or is its child. One end must be a transfer: flows show data
-        movement. "s" binds to the slice enclosing its ts, so it sits on the transfer's
-        last nanosecond."""
-        sql = """
-        WITH edges AS (
-            SELECT 'parent' AS via, s.trace_id AS dt, s.span_id AS ds, s.trace_id AS st,
-                   s.parent_span_id AS ss
-            FROM selected s WHERE s.parent_span_id IS NOT NULL
-            UNION ALL
-            SELECT 'link', dt, ds, coalesce(from_hex(nullif(lk ->> 'trace_id', '')), dt),
-                   from_hex(lk ->> 'span_id')
-            FROM (SELECT s.trace_id AS dt, s.span_id AS ds, unnest(json_extract(s.links, '$[*]')) AS lk
-                  FROM selected s WHERE s.links IS NOT NULL AND json_valid(s.links)
-                  AND json_type(s.links) = 'ARRAY')
-            WHERE regexp_full_match(coalesce(lk ->> 'span_id', ''), '([0-9a-fA-F]{2})+')
-              AND regexp_full_match(coalesce(lk ->> 'trace_id', ''), '(([0-9a-fA-F]{2})+)?')
-        )
-        SELECT DISTINCT sp.pid AS spid, sp.tid AS stid, greatest(src.start_ns, src.end_ns - 1) AS s_ts,
-               dp.pid AS dpid, dp.tid AS dtid, dst.start_ns AS d_ts
-        FROM edges e
-        JOIN selected src ON src.trace_id = e.st AND src.span_id = e.ss
-        JOIN selected dst ON dst.trace_id = e.dt AND dst.span_id = e.ds
-        JOIN chiptrace_placed sp ON sp.trace_id = e.st AND sp.span_id = e.ss
-        JOIN chiptrace_placed dp ON dp.trace_id = e.dt AND dp.span_id = e.ds
-        WHERE (e.st <> e.dt OR e.ss <> e.ds)
-          AND (coalesce(src.link_id, '') <> ''
-               OR e.via = 'link' AND coalesce(dst.link_id, '') <> '')
-        ORDER BY d_ts, s_ts, dpid, dtid, spid, stid
-        """
+        """A flow arrow for every span link, and from each transfer to its children.
+
+        Flows run forward in time: the earlier span is the source (a link to a later span
+        is drawn from the linking span), the arrow leaves the source at the latest instant
+        it can and lands where the destination is running then, or at its start. "s" and
+        "f" bind to the slice enclosing their ts, so both are inside their spans."""
+        sql = _FLOWS_SQL
         flow_id = 0
         for batch in self.source.stream(sql):
             events: list[dict[str, Any]] = []

@@ -15,14 +15,14 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 import pyarrow as pa
 
 from chiptrace.errors import ChiptraceError
 from chiptrace.exporters import attributes as A
 from chiptrace.exporters.source import SpanSource
-from chiptrace.exporters.textfile import write_text
+from chiptrace.exporters.textfile import TextSeries, write_series
 
 log = logging.getLogger("chiptrace")
 
@@ -37,8 +37,8 @@ def tag(key: str, value: Any) -> dict[str, Any]:
     """A typed Jaeger tag; lists and maps become JSON strings, as Jaeger's translator does."""
     if isinstance(value, bool):
         return {"key": key, "type": "bool", "value": value}
-    if isinstance(value, int):
-        return {"key": key, "type": "int64", "value": value}
+    if isinstance(value, int):  # beyond 2^53 as a decimal string, as Jaeger writes int64s
+        return {"key": key, "type": "int64", "value": A.json_safe(value)}
     if isinstance(value, float):
         return {"key": key, "type": "float64", "value": value}
     if isinstance(value, str):
@@ -107,88 +107,161 @@ def _span(row: dict[str, Any], trace_id: str, process_id: str) -> dict[str, Any]
     }
 
 
-class _TraceWriter:
-    """Streams `{"data": [trace, ...]}` from spans sorted by trace: a trace's spans are
-    written as they come, its processes when the next trace begins."""
+_CHUNK = 1024  # spans encoded per json.dumps call, and between two size checks
+_GUESS_BYTES_PER_SPAN = 800  # until the file so far says better
+DEFAULT_SPLIT_MB = 400.0  # the Jaeger UI fails on files past ~530 MB (a browser's string limit)
 
-    def __init__(self, fh: TextIO) -> None:
-        self.fh = fh
-        self.traces = 0
+
+@dataclass
+class JaegerExport:
+    """What `write_jaeger_json` wrote: traces and spans, and the files (several when split)."""
+
+    traces: int = 0
+    spans: int = 0
+    files: list[Any] = field(default_factory=list)
+
+
+class _TraceWriter:
+    """Streams `{"data": [trace, ...]}` documents from spans sorted by trace: a trace's
+    spans are written as they come, its processes when it ends. With a size limit, a
+    trace that would not fit in the current file starts the next one, and a trace too
+    big for any file is cut by time (its spans come in start order) into pieces, one per
+    file, each a trace with the same id and its own processes."""
+
+    def __init__(self, out: TextSeries, result: JaegerExport) -> None:
+        self.out, self.result = out, result
         self.trace_id: str | None = None
         self.pids: dict[Any, str] = {}
         self.processes: dict[str, Any] = {}
         self.first_span = True
+        self.file_traces = 0
+        self.out.write('{"data":[')
 
     def add(self, rows: list[dict[str, Any]]) -> None:
-        parts: list[str] = []
         spans: list[dict[str, Any]] = []
         for row in rows:
             trace_id = A.hex_id(row["trace_id"])
             if trace_id != self.trace_id:
-                if spans:
-                    parts.append(self._spans_text(spans))
-                    spans = []
-                parts.append(self._close_trace() + self._open_trace(trace_id))
+                self._write_spans(spans)
+                spans = []
+                self._close_trace()
+                if self.file_traces and self.out.full(self._estimate(row.get("_n"))):
+                    self._next_file()
+                self._open_trace(trace_id)
             key = (row.get("service"), row.get("host"), row.get("resource"))
             pid = self.pids.get(key)
             if pid is None:
                 pid = self.pids[key] = f"p{len(self.pids) + 1}"
                 self.processes[pid] = _process(row)
             spans.append(_span(row, trace_id, pid))
-        if spans:
-            parts.append(self._spans_text(spans))
-        self.fh.write("".join(parts))
+            if len(spans) >= self._chunk():
+                self._write_spans(spans)
+                spans = []
+                if self.out.full():  # a trace too big for one file: cut it here
+                    self._close_trace()
+                    self._next_file()
+                    self._open_trace(trace_id)
+        self._write_spans(spans)
 
-    def _spans_text(self, spans: list[dict[str, Any]]) -> str:
-        text = json.dumps(spans, separators=(",", ":"))[1:-1]  # one C call per run of spans
-        if not self.first_span:
-            text = "," + text
+    def _per_span(self) -> float:
+        return self.out.total / self.result.spans if self.result.spans else _GUESS_BYTES_PER_SPAN
+
+    def _estimate(self, n_spans: Any) -> int:
+        return int((n_spans or 0) * self._per_span())
+
+    def _chunk(self) -> int:
+        """Spans to encode before the next size check: fewer as the file nears its limit."""
+        if self.out.limit is None:
+            return _CHUNK
+        room = (self.out.limit - self.out.size) / self._per_span()
+        return int(min(_CHUNK, max(16, room)))
+
+    def _write_spans(self, spans: list[dict[str, Any]]) -> None:
+        if not spans:
+            return
+        text = json.dumps(spans, separators=(",", ":"))[1:-1]  # one C call per chunk
+        self.out.write(text if self.first_span else "," + text)
         self.first_span = False
-        return text
+        self.result.spans += len(spans)
 
-    def _open_trace(self, trace_id: str) -> str:
+    def _open_trace(self, trace_id: str) -> None:
         self.trace_id, self.pids, self.processes, self.first_span = trace_id, {}, {}, True
-        self.traces += 1
-        return ("," if self.traces > 1 else "") + f'{{"traceID":"{trace_id}","spans":['
+        self.out.write(("," if self.file_traces else "") + f'{{"traceID":"{trace_id}","spans":[')
+        self.file_traces += 1
 
-    def _close_trace(self) -> str:
+    def _close_trace(self) -> None:
         if self.trace_id is None:
-            return ""
-        return (
+            return
+        self.out.write(
             '],"processes":'
             + json.dumps(self.processes, separators=(",", ":"))
             + ',"warnings":null}'
         )
+        self.trace_id = None
+
+    def _next_file(self) -> None:
+        self._end_file()
+        self.out.close_file()
+        self.out.open()
+        self.out.write('{"data":[')
+
+    def _end_file(self) -> None:
+        self.result.traces += self.file_traces
+        self.out.write(f'],"total":{self.file_traces},"limit":0,"offset":0,"errors":null}}')
+        self.file_traces = 0
 
     def finish(self) -> None:
-        self.fh.write(self._close_trace())
+        self._close_trace()
+        self._end_file()
 
 
-def write_jaeger_json(spans: pa.Table | SpanSource, path: str | os.PathLike[str]) -> int:
-    """Write spans as a Jaeger JSON file (the query API's `{"data": [...]}` envelope),
-    streamed in trace order; returns the number of traces written.
+def write_jaeger_json(
+    spans: pa.Table | SpanSource,
+    path: str | os.PathLike[str],
+    split_mb: float | None = None,
+) -> JaegerExport:
+    """Write spans as Jaeger JSON (the query API's `{"data": [...]}` envelope), streamed in
+    trace order.
 
     Args:
         spans: a table of spans_raw columns, or a SpanSource (trace dirs and filters).
         path: the file (written under a temporary name, renamed when complete), or `-`.
+        split_mb: when the document would pass this many MB, write `NAME-001.json`,
+            `NAME-002.json`, ... beside `path` instead, each a complete document that loads
+            on its own: whole traces, and a trace too big for one file cut by time.
+            None or 0: one file whatever its size.
+
+    Returns:
+        Traces and spans written (a trace cut in pieces counts once per piece), and the files.
 
     Raises:
-        ChiptraceError: the file cannot be written.
+        ChiptraceError: a file cannot be written.
     """
     source = spans if isinstance(spans, SpanSource) else SpanSource.of_table(spans)
+    limit = int(split_mb * 1e6) if split_mb else None
+    result = JaegerExport()
+    # The span count of each trace rides along, so a trace that would not fit in the
+    # current file can start the next one; without a limit it is not needed.
+    count = ", count(*) OVER (PARTITION BY trace_id) AS _n" if limit else ""
+    sql = f"SELECT *{count} FROM selected ORDER BY trace_id, start_ns, span_id"
 
-    def write(fh: TextIO) -> None:
-        fh.write('{"data":[')
-        w = _TraceWriter(fh)
-        for batch in source.stream("SELECT * FROM selected ORDER BY trace_id, start_ns, span_id"):
+    def write(out: TextSeries) -> None:
+        w = _TraceWriter(out, result)
+        for batch in source.stream(sql):
             w.add(batch.to_pylist())
         w.finish()
-        fh.write(f'],"total":{w.traces},"limit":0,"offset":0,"errors":null}}')
-        out.append(w.traces)
 
-    out: list[int] = []
-    write_text(path, write)
-    return out[0]
+    result.files = write_series(path, limit, write)
+    if len(result.files) > 1:
+        log.warning(
+            "chiptrace: the Jaeger JSON passes --split-mb %g (the Jaeger UI fails on files over "
+            "about 530 MB): wrote %d files, %s to %s",
+            split_mb,
+            len(result.files),
+            result.files[0].name,
+            result.files[-1].name,
+        )
+    return result
 
 
 @dataclass

@@ -23,6 +23,9 @@ _HEX = re.compile(r"^[0-9a-fA-F]{1,32}$")
 class SpanFilter:
     """Which spans to export.
 
+    A filter that selects part of a trace (`since_ns`, `until_ns`, `where`) is closed
+    by the SpanSource: the ancestors of every selected span come along as context.
+
     Attributes:
         trace_ids: lowercase hex trace ids (32 digits); empty means all traces.
         since_ns: keep spans starting at or after this Unix time in ns.
@@ -34,6 +37,11 @@ class SpanFilter:
     since_ns: int | None = None
     until_ns: int | None = None
     where: str | None = None
+
+    @property
+    def cuts_trees(self) -> bool:
+        """Whether this filter can select part of a trace (whole traces are always closed)."""
+        return self.since_ns is not None or self.until_ns is not None or bool(self.where)
 
     def sql(self, columns: str = "*", order: bool = False) -> str:
         """The SELECT over spans_raw that applies this filter."""
@@ -107,9 +115,55 @@ class SpanSource:
         from chiptrace.query import connect, run_sql
 
         self.filter = span_filter or SpanFilter()
-        self.con = connect(dirs)
+        # An export reads every span anyway: one extra scan finds parts with a data page
+        # that does not decode, so they are skipped (named in a warning), not a crash.
+        self.con = connect(dirs, verify=True)
         self._run_sql = run_sql
-        self.count = int(run_sql(self.con, self.filter.sql("count(*) AS n")).column(0)[0].as_py())
+        self._selection = self.filter.sql()
+        self.context = 0  # ancestors added to close the selected trees
+        if self.filter.cuts_trees:
+            self._close_trees()
+        self.count = int(
+            run_sql(self.con, f"SELECT count(*) FROM ({self._selection})").column(0)[0].as_py()
+        )
+
+    def _close_trees(self) -> None:
+        """Make the selection a set of whole subtrees: every ancestor of a selected span
+        joins it (as context), and a parent the store does not hold is dropped (the span
+        becomes a root), so no exported span refers to a span the file lacks."""
+        base = self.filter.sql("trace_id, span_id, parent_span_id")
+        self._run_sql(
+            self.con,
+            f"""
+            CREATE OR REPLACE TEMP TABLE chiptrace_keep AS
+            WITH RECURSIVE base AS ({base}),
+            up(trace_id, span_id) AS (
+                SELECT trace_id, parent_span_id FROM base WHERE parent_span_id IS NOT NULL
+                UNION
+                SELECT p.trace_id, p.parent_span_id
+                FROM up u JOIN spans_raw p ON p.trace_id = u.trace_id AND p.span_id = u.span_id
+                WHERE p.parent_span_id IS NOT NULL
+            )
+            SELECT DISTINCT s.trace_id, s.span_id, b.span_id IS NULL AS context
+            FROM spans_raw s
+            JOIN (SELECT trace_id, span_id FROM base UNION SELECT trace_id, span_id FROM up) k
+              ON k.trace_id = s.trace_id AND k.span_id = s.span_id
+            LEFT JOIN (SELECT DISTINCT trace_id, span_id FROM base) b
+              ON b.trace_id = s.trace_id AND b.span_id = s.span_id
+            """,
+        )
+        self.context = int(
+            self._run_sql(self.con, "SELECT count(*) FROM chiptrace_keep WHERE context")
+            .column(0)[0]
+            .as_py()
+        )
+        self._selection = """
+            SELECT s.* REPLACE (
+                CASE WHEN p.span_id IS NULL THEN NULL ELSE s.parent_span_id END AS parent_span_id)
+            FROM spans_raw s
+            JOIN chiptrace_keep k ON k.trace_id = s.trace_id AND k.span_id = s.span_id
+            LEFT JOIN chiptrace_keep p
+              ON p.trace_id = s.trace_id AND p.span_id = s.parent_span_id"""
 
     @classmethod
     def of_table(cls, table: pa.Table) -> SpanSource:
@@ -121,6 +175,8 @@ class SpanSource:
         self.con = duckdb.connect()
         self.con.register("spans_raw", table)
         self.count = table.num_rows
+        self.context = 0
+        self._selection = self.filter.sql()
         from chiptrace.query import run_sql
 
         self._run_sql = run_sql
@@ -128,7 +184,7 @@ class SpanSource:
 
     def batches(self, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
         """Stream the spans in record batches (store order; no sort, so no memory spike)."""
-        return self.stream(self.filter.sql(), batch_size)
+        return self.stream("SELECT * FROM selected", batch_size)
 
     def stream(self, sql: str, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
         """Stream any query on this source's connection in record batches; the filtered
@@ -136,7 +192,7 @@ class SpanSource:
         from chiptrace.errors import QueryError
 
         try:
-            self.con.execute(f"CREATE OR REPLACE TEMP VIEW selected AS {self.filter.sql()}")
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW selected AS {self._selection}")
             reader = self.con.sql(sql).to_arrow_reader(batch_size)
         except Exception as e:  # duckdb.Error; the count above already validated the filter
             raise QueryError(f"SQL error: {str(e).splitlines()[0]}") from e
@@ -144,4 +200,6 @@ class SpanSource:
 
     def table(self) -> pa.Table:
         """All selected spans in one table, sorted by trace, then start time."""
-        return self._run_sql(self.con, self.filter.sql(order=True))
+        return self._run_sql(
+            self.con, f"SELECT * FROM ({self._selection}) ORDER BY trace_id, start_ns, span_id"
+        )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from chiptrace.errors import ChiptraceError
-from chiptrace.store import write_atomic
+from chiptrace.store import commit_temp, temp_path, write_atomic
 
 _BUFFER = 1 << 20
 
@@ -52,3 +52,100 @@ def write_text(path: str | os.PathLike[str], write: Callable[[TextIO], None]) ->
         write_atomic(target, to_tmp)
     except OSError as e:
         raise ChiptraceError(f"cannot write {path}: {e.strerror or e}") from e
+
+
+class TextSeries:
+    """One export document, or a series of them when one would pass `limit` characters.
+
+    `NAME.json` when the writer never calls `next()`, else `NAME-001.json`,
+    `NAME-002.json`, ... beside it. Every file is written under a temporary name and all
+    are renamed into place once the last is complete, so a failure leaves none. `-` and
+    other non-regular targets get one document, never split.
+
+    Args:
+        path: the target as given with -o.
+        limit: characters per file before `full()` says so (None: no limit).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], limit: int | None) -> None:
+        self.path = Path(path)
+        self._stream = str(path) == "-" or _is_stream(self.path)
+        self.limit = None if self._stream else limit
+        self.size = 0  # characters in the current file
+        self.total = 0  # characters in all files
+        self._temps: list[Path] = []
+        self.fh: TextIO | None = None
+
+    def open(self) -> None:
+        """Start the first file, or the next one after `close_file()`."""
+        self.size = 0
+        if self._stream:
+            if str(self.path) == "-":
+                self.fh = sys.stdout
+            else:
+                self.fh = open(self.path, "w", encoding="utf-8", buffering=_BUFFER)  # noqa: SIM115
+            return
+        tmp = temp_path(self.path)
+        self._temps.append(tmp)
+        self.fh = open(tmp, "w", encoding="utf-8", buffering=_BUFFER)  # noqa: SIM115
+
+    def write(self, text: str) -> None:
+        self.fh.write(text)  # type: ignore[union-attr]
+        self.size += len(text)
+        self.total += len(text)
+
+    def full(self, coming: int = 0) -> bool:
+        """Whether the current file is at its limit, or would pass it with `coming` more."""
+        return self.limit is not None and self.size + coming > self.limit
+
+    def close_file(self) -> None:
+        if self.fh is not None and self.fh is not sys.stdout:
+            self.fh.close()
+        elif self.fh is sys.stdout:
+            sys.stdout.flush()
+        self.fh = None
+
+    def names(self) -> list[Path]:
+        """The files this series becomes: NAME.json alone, else NAME-001.json, ..."""
+        if self._stream or len(self._temps) <= 1:
+            return [self.path]
+        return [
+            self.path.with_name(f"{self.path.stem}-{i:03d}{self.path.suffix}")
+            for i in range(1, len(self._temps) + 1)
+        ]
+
+    def commit(self) -> list[Path]:
+        self.close_file()
+        names = self.names()
+        if not self._stream:
+            for tmp, name in zip(self._temps, names, strict=True):
+                commit_temp(tmp, name)
+        return names
+
+    def abort(self) -> None:
+        try:
+            self.close_file()
+        finally:
+            for tmp in self._temps:
+                tmp.unlink(missing_ok=True)
+
+
+def write_series(
+    path: str | os.PathLike[str], limit: int | None, write: Callable[[TextSeries], None]
+) -> list[Path]:
+    """Call write(series) and put its files in place; returns their paths.
+
+    Raises:
+        ChiptraceError: a file cannot be written (the message names it).
+    """
+    series = TextSeries(path, limit)
+    try:
+        series.open()
+        write(series)
+        return series.commit()
+    except OSError as e:
+        series.abort()
+        raise ChiptraceError(f"cannot write {path}: {e.strerror or e}") from e
+    except BaseException:
+        series.abort()
+        raise

@@ -17,7 +17,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.reactive import reactive
-from textual.widgets import Footer, TabbedContent, TabPane
+from textual.widgets import Footer, Input, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from chiptrace.errors import ChiptraceError
@@ -31,6 +31,10 @@ from chiptrace.viewer.widgets.help_screen import HelpScreen
 from chiptrace.viewer.widgets.sql_console import SqlConsole
 
 ZOOM_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)  # window = bucket x step
+# The app's own one-key actions: a text box takes those keys as text.
+_APP_ACTIONS = frozenset(
+    {"help", "show_tab", "toggle_pause", "zoom", "toggle_theme", "reload", "quit"}
+)
 
 
 class ViewerApp(App[None]):
@@ -65,6 +69,7 @@ class ViewerApp(App[None]):
 
     paused = reactive(False)
     zoom = reactive(4)
+    ended = reactive(False)  # every source has stopped and its spans are all shown
 
     def __init__(
         self,
@@ -91,6 +96,7 @@ class ViewerApp(App[None]):
         self.analysis_s = analysis_s
         self._analysis_running = False
         self._analysis_next = 0.0
+        self._sources_ended = False  # set by the ingest worker, read by the refresh
         store_dir = next((s.store_dir for s in self.sources if getattr(s, "store_dir", None)), None)
         self.store = LiveStore(store_dir) if store_dir else None
         self.source_name = " + ".join(getattr(s, "name", "feed") for s in self.sources) or "feed"
@@ -141,6 +147,8 @@ class ViewerApp(App[None]):
             self.model.ingest(batch)
             n += batch.num_rows
         self.model.dropped = dropped
+        ended = bool(self.sources) and all(getattr(s, "ended", False) for s in self.sources)
+        self._sources_ended = ended and not self.feed.pending
         return n
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="ingest")
@@ -162,13 +170,12 @@ class ViewerApp(App[None]):
         if self.paused:
             return
         t = time.perf_counter()
+        self.ended = self._sources_ended
         self.snapshot = self.model.snapshot(self.window_ns)
         self.alerts = merge(derive_alerts(self.snapshot), self.deep_alerts)
         try:
             if self._main(TabbedContent).active == "dashboard":
-                self._main(Dashboard).show(
-                    self.snapshot, self.alerts, self.source_name, self.paused
-                )
+                self._main(Dashboard).show(self.snapshot, self.alerts, self.source_name, self.state)
         except NoMatches:  # not composed yet, or already torn down
             pass
         self.refreshes += 1
@@ -198,11 +205,24 @@ class ViewerApp(App[None]):
             self._analysis_running = False
         self.call_from_thread(setattr, self, "deep_alerts", found)
 
+    @property
+    def state(self) -> str:
+        """What the status line says: PAUSED (by the user), ENDED (the sources stopped and
+        everything they sent is shown), else LIVE."""
+        return "PAUSED" if self.paused else "ENDED" if self.ended else "LIVE"
+
     def watch_paused(self, paused: bool) -> None:
         self.set_class(paused, "-paused")
+        self._redraw_status()
+
+    def watch_ended(self, ended: bool) -> None:
+        self.set_class(ended, "-ended")
+        self._redraw_status()
+
+    def _redraw_status(self) -> None:
         if self.snapshot is not None and self.is_mounted:
             try:
-                self._main(Dashboard).show(self.snapshot, self.alerts, self.source_name, paused)
+                self._main(Dashboard).show(self.snapshot, self.alerts, self.source_name, self.state)
             except NoMatches:
                 pass
 
@@ -215,7 +235,30 @@ class ViewerApp(App[None]):
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Only keys that do something where the focus is (the footer shows these): none of
+        the app's letters while the SQL box takes them as text, the dashboard's keys on the
+        dashboard, reload in the explorer, and no key for the tab already shown."""
+        if action not in _APP_ACTIONS or not self.screen_stack:
+            return True
+        if isinstance(self.focused, Input):
+            return False
+        try:
+            active = self._main(TabbedContent).active
+        except NoMatches:
+            return True
+        if action in ("toggle_pause", "zoom"):
+            return active == "dashboard"
+        if action == "reload":
+            return active == "explorer"
+        if action == "show_tab":
+            return parameters[:1] != (active,)
+        return True
+
     def action_show_tab(self, tab: str) -> None:
+        # Focus leaves the pane first: a focused widget in the pane being hidden would
+        # otherwise make TabbedContent switch straight back to it (`s`, Escape, `d`).
+        self.set_focus(None)
         self._main(TabbedContent).active = tab
         self.on_tabbed_content_tab_activated(None)
 
@@ -228,6 +271,10 @@ class ViewerApp(App[None]):
             self._main("#sql-input").focus()
         elif active == "dashboard":
             self.refresh_dashboard()
+        self.refresh_bindings()
+
+    def on_descendant_focus(self, event: object) -> None:
+        self.refresh_bindings()
 
     def action_toggle_pause(self) -> None:
         self.paused = not self.paused

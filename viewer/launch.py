@@ -194,7 +194,7 @@ def live_app(out: str | Path, target: Callable[[SpanFeed], Any], name: str):  # 
     # the NPUs at 0%: the emulator prefetches a step's input a step (~80 ms) ahead, and those
     # spans arrive with the step they feed, after the window has moved past them.
     app = ViewerApp(
-        [FeedSource(out, name=name)],
+        [FeedSource(out, name=name, done=run.done)],
         feed=run.feed,
         bucket_ns=DEFAULT_BUCKET_NS,
         window_ns=DEFAULT_BUCKET_NS * 100,

@@ -1,25 +1,22 @@
 """OTLP/HTTP into the viewer: `chiptrace view --otlp [HOST:PORT]`.
 
-The receiving is `chiptrace.collector.OtlpReceiver` (protobuf, JSON, gzip; 4xx on bad
-input), the same one `chiptrace collect` runs. Each decoded request goes to the viewer's
-feed at once, and to a recorder that stores it as Parquet parts (in `--out DIR`, or in a
-temporary dir the explorer and SQL console read, removed at exit).
+The receiving and storing is a `chiptrace.collector.service.Collector`, the one `chiptrace
+collect` runs (protobuf, JSON, gzip, chunked; 4xx on bad input; 503 when it cannot store),
+writing to `--out DIR` or to a temporary dir the explorer and SQL console read (removed at
+exit). Each request it acknowledges also goes to the viewer's feed at once.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
-from chiptrace.collector.receiver import OtlpReceiver
 from chiptrace.collector.receiver import parse_address as _parse
-from chiptrace.config import resolve
-from chiptrace.recorder import Recorder, StoreSink
-from chiptrace.store import PartWriter, read_manifests
+from chiptrace.collector.service import CollectOptions, Collector, CollectSummary, StopFlag
+from chiptrace.store import read_manifests
 from chiptrace.viewer.sources import SpanFeed
 
 
@@ -45,21 +42,19 @@ class OtlpSource:
         self, host: str = "127.0.0.1", port: int = 4318, out: str | Path | None = None
     ) -> None:
         self.feed = SpanFeed()
-        self.receiver = OtlpReceiver(self.take, http=f"{host}:{port}").start()
+        self._tmp = None if out else tempfile.mkdtemp(prefix="chiptrace-view-")
+        self.store_dir = Path(out or self._tmp)
+        options = CollectOptions(
+            out=self.store_dir,
+            http=f"{host}:{port}",
+            flush_interval_s=1.0,
+            manifest={"source": "chiptrace view --otlp"},
+        )
+        self.collector = Collector(options, on_accept=self.feed.write).start()
+        self.receiver = self.collector.receiver
         self.port = self.receiver.http_port
         self.host = host
         self.name = f"otlp {host}:{self.port}"
-        self._tmp = None if out else tempfile.mkdtemp(prefix="chiptrace-view-")
-        self.store_dir = Path(out or self._tmp)
-        self.writer = PartWriter(self.store_dir, manifest={"source": "chiptrace view --otlp"})
-        config = resolve(dir=self.store_dir, service="chiptrace-view", flush_interval_s=1.0)
-        self.recorder = Recorder(config, [StoreSink(self.writer)], self.writer)
-
-    def take(self, batch: pa.RecordBatch) -> None:
-        """A decoded request: to the screen now, to the store on the next flush."""
-        if batch.num_rows:
-            self.feed.write(batch)
-            self.recorder.write_batch(batch, block=False)
 
     def poll(self, feed: SpanFeed) -> None:
         if feed is not self.feed:  # a viewer with its own feed: forward
@@ -69,36 +64,34 @@ class OtlpSource:
     def manifests(self) -> list[dict[str, Any]]:
         return read_manifests([self.store_dir])
 
-    def serve_summary(self, window_ns: int | None) -> int:
-        """--no-ui: receive until interrupted, then print the dashboard as text."""
-        import time
-
+    def serve_summary(self, window_ns: int | None, stop: StopFlag) -> int:
+        """--no-ui: receive until `stop` is set, then print the dashboard as text."""
         from chiptrace.viewer.alerts import derive_alerts
         from chiptrace.viewer.launch import summary_text
         from chiptrace.viewer.model import LiveModel
 
         model = LiveModel()
         print(
-            f"chiptrace: receiving OTLP/HTTP on http://{self.host}:{self.port}/v1/traces (Ctrl-C ends)",
+            f"chiptrace: receiving OTLP/HTTP on http://{self.host}:{self.port}/v1/traces "
+            "(Ctrl-C or SIGTERM ends)",
             flush=True,
         )
-        try:
-            while True:
-                time.sleep(0.2)
-                for b in self.feed.drain():
-                    model.ingest(b)
-        except KeyboardInterrupt:
-            pass
+        while not stop.requested:
+            time.sleep(0.1)
+            for b in self.feed.drain():
+                model.ingest(b)
+        for b in self.feed.drain():
+            model.ingest(b)
         snap = model.snapshot(window_ns or 1_000_000_000)
         print(summary_text(snap, derive_alerts(snap)))
         return 0
 
-    def stop(self) -> None:
-        """Stop listening, store what is buffered, remove a temporary store."""
-        self.receiver.stop()
-        self.recorder.shutdown()
+    def stop(self) -> CollectSummary:
+        """Stop listening, store every acknowledged span, remove a temporary store."""
+        summary = self.collector.stop()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
+        return summary
 
 
 __all__ = ["OtlpSource", "parse_address"]

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from chiptrace import query
 from chiptrace.errors import StoreError
-from chiptrace.store import part_files
+from chiptrace.store import check_part, part_files
 
 log = logging.getLogger("chiptrace")
 
@@ -50,14 +50,24 @@ class LiveStore:
         self._lock = threading.Lock()
         self._parts: list[Path] | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._usable: dict[Path, bool] = {}  # parts never change: each is checked once
+
+    def _good(self, parts: list[Path]) -> list[Path]:
+        for p in parts:
+            if p not in self._usable:
+                reason = check_part(p)
+                self._usable[p] = reason is None
+                if reason:
+                    log.warning("chiptrace: skipping unreadable part %s: %s", p, reason)
+        return [p for p in parts if self._usable[p]]
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
             if not self.directory.is_dir():
                 raise StoreError(f"trace dir {str(self.directory)!r} does not exist yet")
             self._con = query.connect(self.directory, allow_empty=True)
-            self._parts = part_files(self.directory)
-        parts = part_files(self.directory)
+            self._parts = self._good(part_files(self.directory))
+        parts = self._good(part_files(self.directory))
         if parts != self._parts:  # new parts landed: one CREATE VIEW, no data read
             query.attach_views(self._con, parts)
             self._parts = parts

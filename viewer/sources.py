@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from chiptrace.errors import StoreError
 from chiptrace.schema import SPAN_SCHEMA
-from chiptrace.store import check_part, part_files, read_manifests
+from chiptrace.store import check_part, part_files, read_manifests, writer_gone
 
 log = logging.getLogger("chiptrace")
 
@@ -82,23 +82,41 @@ class Source(Protocol):
     def manifests(self) -> list[dict[str, Any]]:
         """Run manifests known so far (topology, drop counts)."""
 
+    @property
+    def ended(self) -> bool:
+        """Whether the source has stopped for good (the viewer then says ENDED, not LIVE)."""
+
     def stop(self) -> None: ...
+
+
+def writers_ended(manifests: list[dict[str, Any]]) -> bool:
+    """Whether every writer of a trace dir has finished: its manifest says so (it closed),
+    or it ran on this host and its process is gone (a crash, a kill)."""
+    if not manifests:
+        return False
+    return all(
+        m.get("ended_unix_ns")
+        or (isinstance(m.get("pid"), int) and writer_gone(str(m.get("host", "")), m["pid"]))
+        for m in manifests
+    )
 
 
 def read_part(path: Path) -> pa.Table | None:
     """One part as a span table, or None (with a warning) when it cannot be read."""
     try:
-        if check_part(path):
-            log.warning("chiptrace: skipping unreadable part %s", path)
+        reason = check_part(path)
+        if reason:
+            log.warning("chiptrace: skipping unreadable part %s: %s", path, reason)
             return None
-        table = pq.read_table(path)
+        table = pq.read_table(path)  # decodes every page: a corrupt one fails here
+        missing = [f for f in SPAN_SCHEMA if f.name not in table.column_names]
+        for f in missing:  # an older part without a newer nullable column
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+        # Another writer's widths and encodings (int32 pids, plain strings) as ours.
+        return table.select(SPAN_SCHEMA.names).cast(SPAN_SCHEMA)
     except (OSError, pa.ArrowException) as e:
-        log.warning("chiptrace: skipping part %s: %s", path, e)
+        log.warning("chiptrace: skipping part %s: %s", path, str(e).splitlines()[0])
         return None
-    missing = [f for f in SPAN_SCHEMA if f.name not in table.column_names]
-    for f in missing:  # an older part without a newer nullable column
-        table = table.append_column(f, pa.nulls(table.num_rows, f.type))
-    return table.select(SPAN_SCHEMA.names)
 
 
 class DirSource:
@@ -122,8 +140,18 @@ class DirSource:
         self._pending: pa.Table | None = None  # replay: spans not yet shown
         self._t0_data = 0
         self._t0_wall = 0.0
+        self._writers_ended = False
+
+    @property
+    def ended(self) -> bool:
+        """Every writer of the dir has finished, every part is read (and, replaying, shown)."""
+        pending = self._pending is not None and self._pending.num_rows > 0
+        return self._writers_ended and not pending
 
     def poll(self, feed: SpanFeed) -> None:
+        # Writers are judged before the parts are listed: parts a writer left before it
+        # ended are all on disk by then, so this poll reads them.
+        done = writers_ended(self.manifests())
         new = [p for p in part_files(self.store_dir) if p not in self._seen]
         tables = []
         for path in new:
@@ -137,6 +165,7 @@ class DirSource:
                     feed.write(b)
         else:
             self._replay(tables, feed)
+        self._writers_ended = done
 
     def _replay(self, tables: list[pa.Table], feed: SpanFeed) -> None:
         if tables:
@@ -175,6 +204,8 @@ class FeedSource:
     Args:
         store_dir: where the producer also stores its parts (for SQL and the explorer).
         manifests: run manifests (topology) the producer knows up front.
+        name: shown in the status line.
+        done: set by the producer when it has finished (the viewer then says ENDED).
     """
 
     def __init__(
@@ -182,10 +213,17 @@ class FeedSource:
         store_dir: str | Path | None = None,
         manifests: Iterable[dict] = (),
         name: str = "in-process feed",
+        done: threading.Event | None = None,
     ) -> None:
         self.store_dir = Path(store_dir) if store_dir else None
         self.name = name
         self._manifests = list(manifests)
+        self._done = done
+
+    @property
+    def ended(self) -> bool:
+        """The producer has returned (its `done` event is set)."""
+        return self._done is not None and self._done.is_set()
 
     def poll(self, feed: SpanFeed) -> None:
         pass  # the producer writes into the feed itself

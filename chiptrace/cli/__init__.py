@@ -73,6 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ChiptraceError as e:
         print(f"chiptrace: error: {e}", file=sys.stderr)
         return e.exit_code
+    except Exception as e:
+        # DuckDB failing on a file (a corrupt data page) is bad input, not a bug: one line.
+        if not type(e).__module__.lstrip("_").startswith("duckdb"):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"chiptrace: error: DuckDB: {first}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -4,18 +4,19 @@ that stores any OpenTelemetry SDK's spans in chiptrace's Parquet layout."""
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
+import time
 from typing import Any
 
 NAME = "collect"
 ORDER = 70
 HELP = "receive OTLP (HTTP, gRPC) from any OpenTelemetry SDK into a trace dir"
 DESCRIPTION = (
-    "Receive OTLP traces (HTTP protobuf or JSON, gzip; gRPC with --grpc) and store them as "
-    "Parquet parts in DIR, the same layout chiptrace writes. Runs until SIGTERM or Ctrl-C, "
-    "then flushes every acknowledged span. See docs/scaling.md."
+    "Receive OTLP traces (HTTP protobuf or JSON, gzip, chunked; gRPC with --grpc) and store "
+    "them as Parquet parts in DIR, the same layout chiptrace writes. A request is acknowledged "
+    "only when its spans will be stored; otherwise it gets 503 with Retry-After and the client "
+    "retries. Runs until SIGTERM or Ctrl-C, then writes every acknowledged span. "
+    "See docs/collect.md."
 )
 
 
@@ -53,81 +54,72 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=2_000_000,
         metavar="N",
-        help="spans held before clients are slowed (503 once full)",
+        help="spans held before requests wait, then get 503 (default 2,000,000)",
+    )
+    p.add_argument(
+        "--max-memory-mb",
+        type=int,
+        default=1024,
+        metavar="MB",
+        help="memory ceiling: requests, buffered spans and caches stay within it (default 1024)",
+    )
+    p.add_argument(
+        "--min-free-mb",
+        type=int,
+        default=64,
+        metavar="MB",
+        help="refuse spans (503) that would leave less free disk than this (default 64)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="close an HTTP connection that sends nothing for S seconds (default 30)",
     )
 
 
-def build(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The recorder writing DIR and the receiver feeding it (not started)."""
-    from chiptrace.collector.receiver import OtlpReceiver, parse_address
-    from chiptrace.collector.sink import PartitionedStoreSink, parse_partition_by
-    from chiptrace.config import resolve
-    from chiptrace.recorder import Recorder
-    from chiptrace.store import PartWriter
+def options(args: argparse.Namespace) -> Any:
+    """The CollectOptions the flags describe (checked when the Collector is built)."""
+    from pathlib import Path
 
-    partition_by = parse_partition_by(args.partition_by)
-    http = None if args.listen.lower() == "none" else args.listen
-    for flag, addr, port in (("--listen", http, 4318), ("--grpc", args.grpc, 4317)):
-        if addr:
-            parse_address(flag, addr, port)  # fail before any file is written
-    cfg = resolve(
-        dir=args.out,
-        service="chiptrace-collect",
+    from chiptrace.collector.service import CollectOptions
+    from chiptrace.collector.sink import parse_partition_by
+
+    return CollectOptions(
+        out=Path(args.out),
+        http=None if args.listen.lower() == "none" else args.listen,
+        grpc=args.grpc,
+        partition_by=parse_partition_by(args.partition_by),
+        max_request_bytes=args.max_request_bytes,
         flush_interval_s=args.flush_interval,
         flush_spans=args.flush_spans,
         max_buffered=args.max_buffered,
-        otlp_endpoint="",
+        max_memory=args.max_memory_mb << 20,
+        min_free_bytes=args.min_free_mb << 20,
+        read_timeout_s=args.read_timeout,
+        manifest={"service": "chiptrace-collect", "source": "collect"},
     )
-    writer = PartWriter(
-        cfg.dir,
-        manifest={
-            "service": "chiptrace-collect",
-            "source": "collect",
-            "partition_by": list(partition_by),
-        },
-    )
-    recorder = Recorder(cfg, [PartitionedStoreSink(writer, partition_by)], writer)
-
-    def on_batch(batch: Any) -> bool:
-        # block: a full buffer slows the senders (their retries) rather than dropping.
-        return recorder.write_batch(batch, block=True)
-
-    receiver = OtlpReceiver(
-        on_batch, http=http, grpc=args.grpc, max_request_bytes=args.max_request_bytes
-    )
-    return recorder, receiver
 
 
 def run(args: argparse.Namespace) -> int:
-    recorder, receiver = build(args)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        receiver.start()
-    except BaseException:
-        recorder.shutdown()
-        raise
-    where = (
-        [f"http://{receiver._http_addr[0]}:{receiver.http_port}/v1/traces"]
-        if receiver.http_port
-        else []
-    )
-    if receiver.grpc_port:
-        where.append(f"grpc://{receiver._grpc_addr[0]}:{receiver.grpc_port}")
+    from chiptrace.collector.budget import limit_allocator_retention
+    from chiptrace.collector.service import Collector, StopFlag, stop_on_signals
+
+    limit_allocator_retention()
+    collector = Collector(options(args))  # checks every flag before a file is written
+    stop = StopFlag()
+    stop_on_signals(stop)
+    collector.start()
+    r = collector.receiver
+    where = [u for u in (r.http_url, r.grpc_target and f"grpc://{r.grpc_target}") if u]
     print(f"collecting OTLP on {' and '.join(where)} into {args.out}", flush=True)
     try:
-        # Poll: a signal the kernel hands to another thread would never wake a plain wait()
-        # (the handler runs only when the main thread runs bytecode again).
-        while not stop.wait(0.2):
-            pass
+        # Poll: a signal the kernel hands to another thread would never wake a blocking
+        # wait (the handler runs only when the main thread runs bytecode again).
+        while not stop.requested:
+            time.sleep(0.2)
     finally:
-        receiver.stop()  # no new acknowledgements from here on
-        recorder.shutdown()  # writes everything acknowledged
-    s = receiver.stats
-    print(
-        f"stored {s.spans:,} spans from {s.requests:,} requests "
-        f"({s.rejected} rejected, {s.errors} bad requests); {recorder.dropped} dropped",
-        file=sys.stderr,
-    )
-    return 0
+        summary = collector.stop()  # no new acknowledgements, then everything acknowledged written
+    print(summary.line(), file=sys.stderr)
+    return 1 if summary.unwritten else 0

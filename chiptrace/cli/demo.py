@@ -107,10 +107,23 @@ WHERE r.parent_span_id IS NULL GROUP BY ALL ORDER BY mean_ms DESC
 """
 
 
+def check_length(seconds: float | None, steps: int | None) -> None:
+    """Raises ConfigError for a run that would show nothing (no time, no steps)."""
+    from chiptrace.errors import ConfigError
+
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps {steps}: expected a whole number of steps >= 1")
+    if steps is None and not (seconds is not None and seconds > 0):
+        raise ConfigError(f"--seconds {seconds:g}: expected emulated seconds > 0, e.g. --seconds 5")
+
+
 def run(args: argparse.Namespace) -> int:
+    from chiptrace.cli.emulate import check_out
     from chiptrace.cli.query import format_table
     from chiptrace.query import connect
 
+    check_length(args.seconds, args.steps)
+    check_out(args.out, append=False)
     out = Path(args.out or f"chiptrace-traces/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     if not args.no_ui and sys.stdout.isatty():
         return _run_live(args, out)

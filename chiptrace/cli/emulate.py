@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import secrets
+from collections.abc import Callable
+from pathlib import Path
 
-from chiptrace.errors import ConfigError
+from chiptrace.errors import ConfigError, StoreError
 
 NAME = "emulate"
 ORDER = 5
@@ -27,6 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="same seed, same spans (ids included)")
     p.add_argument(
         "--out", metavar="DIR", help="trace dir (default: ./chiptrace-traces/emulate-<time>)"
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="add this run to an --out that already holds a trace (its spans get new ids)",
     )
     p.add_argument(
         "--fault",
@@ -107,12 +116,40 @@ def with_scenario(name: str, kwargs: dict) -> dict:
     return out
 
 
+def check_out(out: str | None, append: bool) -> None:
+    """Refuse to mix a run into a trace dir that holds something, unless asked to.
+
+    Raises:
+        ConfigError: `out` is a file, or a non-empty directory without --append.
+    """
+    if not out:
+        return
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {out}: is a file; expected a trace directory")
+    if not append and path.is_dir() and any(path.iterdir()):
+        raise ConfigError(
+            f"--out {out}: is not empty; pass --append to add this run to it "
+            "(with new span ids), or choose another directory"
+        )
+
+
+def _quiet_store_warnings() -> Callable[[], None]:
+    """The store's failures end in the one summary line run() prints: hold the recorder's
+    per-sink warnings back meanwhile. Returns the function that restores the level."""
+    logger = logging.getLogger("chiptrace")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    return lambda: logger.setLevel(level)
+
+
 def run(args: argparse.Namespace) -> int:
     from chiptrace.emulator import emulate
 
     if args.list:
         print(list_presets())
         return 0
+    check_out(args.out, args.append)
 
     kwargs = {
         "topology": args.topology,
@@ -130,11 +167,23 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.scenario:
         kwargs = with_scenario(args.scenario, kwargs)
-    result = emulate(**kwargs)
+    if args.append:  # the seed still fixes the timeline; the ids must not repeat the dir's
+        kwargs["id_seed"] = secrets.randbits(63)
+    restore = _quiet_store_warnings()
+    try:
+        result = emulate(**kwargs)
+    finally:
+        restore()
+    if result.dropped or result.error:
+        why = f": {result.error}" if result.error else ""
+        raise StoreError(
+            f"stored {result.stored:,} of {result.spans:,} spans in {result.out}, "
+            f"{result.dropped:,} dropped{why}"
+        )
     print(
         f"chiptrace emulate: {result.steps} {kwargs['workload']} steps on {kwargs['topology']}, "
-        f"{result.spans:,} spans, {result.virtual_ns / 1e6:.1f} ms emulated in {result.wall_s:.2f} s "
-        f"-> {result.out}"
+        f"{result.stored:,} spans stored, {result.virtual_ns / 1e6:.1f} ms emulated in "
+        f"{result.wall_s:.2f} s -> {result.out}"
     )
     print(f'next: chiptrace query {result.out} "SELECT * FROM chips"')
     return 0

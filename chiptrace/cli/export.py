@@ -33,6 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o", "--output", metavar="FILE", help="file for jaeger-json / chrome ('-' = stdout)"
     )
+    p.add_argument(
+        "--split-mb",
+        type=float,
+        metavar="N",
+        help="jaeger-json: a document past N MB becomes FILE-001.json, FILE-002.json, ... each "
+        "loadable alone (default 400: the Jaeger UI fails past about 530 MB; 0: one file)",
+    )
     g = p.add_argument_group("which spans")
     g.add_argument(
         "--trace-id",
@@ -126,8 +133,9 @@ def _otlp(args: argparse.Namespace, source: Any) -> int:
         )
     finally:
         bar.end()
+    context = f" ({source.context:,} ancestors kept as context)" if source.context else ""
     print(
-        f"sent {result.spans:,} spans in {result.requests} requests to {result.url} "
+        f"sent {result.spans:,} spans{context} in {result.requests} requests to {result.url} "
         f"({result.seconds:.2f}s, {result.spans_per_s:,.0f} spans/s)"
         + (f"; receiver rejected {result.rejected}" if result.rejected else "")
     )
@@ -137,18 +145,22 @@ def _otlp(args: argparse.Namespace, source: Any) -> int:
 def _file(args: argparse.Namespace, source: Any) -> int:
     from chiptrace.errors import ConfigError
     from chiptrace.exporters.chrome import write_chrome_json
-    from chiptrace.exporters.jaeger import write_jaeger_json
+    from chiptrace.exporters.jaeger import DEFAULT_SPLIT_MB, write_jaeger_json
 
     if not args.output:
         raise ConfigError(f"--format {args.format} needs -o FILE (or -o - for stdout)")
+    context = f" ({source.context:,} ancestors kept as context)" if source.context else ""
     if args.format == "jaeger-json":
-        n = write_jaeger_json(source, args.output)
-        what = f"{source.count:,} spans in {n} traces"
+        split = DEFAULT_SPLIT_MB if args.split_mb is None else args.split_mb
+        done = write_jaeger_json(source, args.output, split_mb=split)
+        what = f"{source.count:,} spans in {done.traces} traces{context}"
+        files = [str(f) for f in done.files]
+        where = files[0] if len(files) == 1 else f"{files[0]} ... {files[-1]} ({len(files)} files)"
     else:
         n = write_chrome_json(source, args.output)
-        what = f"{n:,} spans"
+        what, where = f"{n:,} spans{context}", args.output
     if args.output != "-":
-        print(f"wrote {what} to {args.output}")
+        print(f"wrote {what} to {where}")
     return 0
 
 
@@ -159,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
     fmt = args.format or "otlp"
     if args.otlp is not None and fmt != "otlp":
         raise ConfigError(f"--otlp sends OTLP; it cannot be combined with --format {fmt}")
+    if args.split_mb is not None and (fmt != "jaeger-json" or args.split_mb < 0):
+        raise ConfigError(
+            f"--split-mb {args.split_mb:g}: expected MB >= 0, with --format jaeger-json only"
+        )
     source = SpanSource(args.dirs, _filter(args))
     if fmt == "otlp":
         return _otlp(args, source)

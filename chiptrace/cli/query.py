@@ -104,9 +104,17 @@ def write_result(table: Any, fmt: str, output: str | None, max_rows: int = 100) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from chiptrace.query import connect, run_sql
+    from chiptrace.errors import QueryError
+    from chiptrace.query import connect, is_data_error, run_sql
 
     con = connect(args.dirs)
-    table = run_sql(con, args.sql)
+    try:
+        table = run_sql(con, args.sql)
+    except QueryError as e:
+        if not is_data_error(e):
+            raise
+        # A data page that does not decode (the footer was fine): find the part, skip it
+        # with a warning, and answer from the rest.
+        table = run_sql(connect(args.dirs, verify=True), args.sql)
     write_result(table, args.format, args.output, args.max_rows)
     return 0

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 from chiptrace.errors import ChiptraceError, StoreError
 
@@ -83,16 +86,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_otlp(args: argparse.Namespace, window_ns: int | None) -> int:
+    from chiptrace.collector.budget import limit_allocator_retention
+    from chiptrace.collector.service import StopFlag, stop_on_signals
     from chiptrace.viewer.otlp import OtlpSource, parse_address
 
     host, port = parse_address(args.otlp)
+    limit_allocator_retention()
+    stop = StopFlag()
+    stop_on_signals(stop)  # SIGTERM too: every acknowledged span is stored before exit
     source = OtlpSource(host, port, out=args.out)
     try:
         if args.no_ui or not sys.stdout.isatty():
-            return source.serve_summary(window_ns)
-        from chiptrace.viewer.app import ViewerApp
+            source.serve_summary(window_ns, stop)
+        else:
+            from chiptrace.viewer.app import ViewerApp
 
-        ViewerApp([source], feed=source.feed, window_ns=window_ns).run()
+            app = ViewerApp([source], feed=source.feed, window_ns=window_ns)
+            threading.Thread(target=_exit_when, args=(stop, app), daemon=True).start()
+            app.run()
     finally:
-        source.stop()
-    return 0
+        summary = source.stop()
+    if args.out:
+        print(f"chiptrace: {summary.line()} into {args.out}", file=sys.stderr)
+    return 1 if summary.unwritten else 0
+
+
+def _exit_when(stop: Any, app: Any) -> None:
+    """Close the app once a signal asked to stop (the app runs in the main thread)."""
+    while not stop.requested:
+        time.sleep(0.2)
+    try:
+        app.call_from_thread(app.exit)
+    except RuntimeError:  # the app already ended
+        pass

@@ -1,11 +1,13 @@
 """The OTLP collector: receive spans from any OpenTelemetry SDK and store them as Parquet.
 
 - `decode`: OTLP requests (protobuf, JSON) -> span RecordBatches (`wire` reads the bytes).
-- `receiver.OtlpReceiver`: OTLP/HTTP and OTLP/gRPC servers on 127.0.0.1 that hand each
-  decoded batch to a callback (the collector's store, or the viewer's live feed).
-- `sink.PartitionedStoreSink`: the store, optionally hive-partitioned by date and host.
+- `receiver.OtlpReceiver`: OTLP/HTTP (`otlp_http`) and OTLP/gRPC (`otlp_grpc`) servers on
+  127.0.0.1 that hand each decoded batch to a callback, within a memory `budget`.
+- `spool.Spool`: spans acknowledged and not yet written; writes all it took, or refuses.
+- `sink.PartitionedStoreSink`: the store, optionally hive-partitioned by date, host, service.
+- `service.Collector`: the four together, as `chiptrace collect` and `view --otlp` run them.
 
-`chiptrace collect` (chiptrace/cli/collect.py) puts them together; docs/collect.md.
+docs/collect.md says what is acknowledged, refused and stored.
 """
 
 from __future__ import annotations

@@ -7,13 +7,17 @@ and `links` JSON columns; the resource's attributes the `resource` column (and `
 `host`, `pid` from `service.name`, `host.name`, `process.pid`).
 
 Spans with ids of the wrong length are rejected and counted (OTLP partial success); a body
-that does not parse raises `DecodeError`.
+that does not parse raises `DecodeError`. OTLP/JSON ignores unknown fields, so a JSON object
+without `resourceSpans` (a Chrome or Kineto trace posted by mistake) is a valid empty
+request: it decodes to no spans and a `note` saying so, which the receiver sends back as a
+partial-success message.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,13 +34,30 @@ class DecodeError(ChiptraceError):
     """An OTLP request body that is not a valid ExportTraceServiceRequest."""
 
 
+IMPORT_HINT = "load trace files with `chiptrace import FILE --out DIR`"
+NO_SPANS_NOTE = (
+    "the request held no spans (a JSON object without resourceSpans: a Chrome or Kineto "
+    f"trace?); {IMPORT_HINT}"
+)
+
+
 @dataclass
 class Decoded:
-    """One request's spans, and the spans it had to reject."""
+    """One request's spans, the spans it had to reject, and why.
+
+    `reason` explains rejected spans; `note` is a warning about a request that was
+    accepted but held nothing to store (OTLP partial success with no rejected spans).
+    """
 
     batch: pa.RecordBatch
     rejected: int = 0
     reason: str = ""
+    note: str = ""
+
+    @property
+    def message(self) -> str:
+        """The partial-success error message, or "" when there is nothing to say."""
+        return "; ".join(m for m in (self.reason, self.note) if m)
 
 
 def decode_any_value(value: Any) -> Any:
@@ -68,26 +89,60 @@ def _hex_to_b64(obj: dict[str, Any], *keys: str) -> None:
                 raise DecodeError(f"OTLP/JSON {key}={value!r}: expected hex") from None
 
 
-def parse_json(body: bytes) -> ExportTraceServiceRequest:
+def parse_json(body: bytes) -> tuple[ExportTraceServiceRequest, str]:
     """Parse an OTLP/JSON trace request (ids in hex, as the OTLP specification says).
 
+    Returns:
+        The request, and a note when the body was a JSON object with other fields but no
+        `resourceSpans` (a valid, empty request that was probably meant for `import`).
+
     Raises:
-        DecodeError: not JSON, or not the OTLP trace shape.
+        DecodeError: not JSON, nested too deep, or not the OTLP trace shape.
     """
     try:
         doc = json.loads(body)
+    except RecursionError:
+        raise DecodeError("malformed OTLP/JSON body: nested too deep") from None
+    except ValueError as e:
+        raise DecodeError(f"malformed OTLP/JSON body: {e}") from None
+    if not isinstance(doc, dict):
+        raise DecodeError(
+            f"malformed OTLP/JSON body: expected an object with resourceSpans, got a JSON "
+            f"{type(doc).__name__}; {IMPORT_HINT}"
+        )
+    note = NO_SPANS_NOTE if doc and "resourceSpans" not in doc else ""
+    try:
         for rs in doc.get("resourceSpans") or []:
             for ss in rs.get("scopeSpans") or []:
                 for sp in ss.get("spans") or []:
                     _hex_to_b64(sp, "traceId", "spanId", "parentSpanId")
                     for lk in sp.get("links") or []:
                         _hex_to_b64(lk, "traceId", "spanId")
-        return json_format.ParseDict(doc, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+        request = json_format.ParseDict(
+            doc, ExportTraceServiceRequest(), ignore_unknown_fields=True
+        )
     except DecodeError:
         raise
+    except RecursionError:
+        raise DecodeError("malformed OTLP/JSON body: nested too deep") from None
     except (ValueError, TypeError, AttributeError, json_format.ParseError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DecodeError(f"malformed OTLP/JSON body: {first}") from None
+        raise DecodeError(f"malformed OTLP/JSON body: {_short(e)}") from None
+    return request, note
+
+
+_FIELD_CHAIN = re.compile(r"Failed to parse (\w+) field: ")
+
+
+def _short(error: Exception) -> str:
+    """json_format's message without its `Failed to parse X field: ` chain (one per level)."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    path = ".".join(_FIELD_CHAIN.findall(text))
+    text = _FIELD_CHAIN.sub("", text)
+    if "too deep" in text:
+        text = "nested too deep"
+    if len(path) > 120:
+        path = path[:60] + "..." + path[-40:]
+    return f"{path}: {text}" if path else text
 
 
 def columns_to_batch(reader: SpanReader) -> Decoded:
@@ -137,6 +192,13 @@ def decode(body: bytes, content_type: str = "application/x-protobuf") -> Decoded
     Raises:
         DecodeError: the body does not parse.
     """
+    note = ""
     if "json" in content_type:
-        body = parse_json(body).SerializeToString()
-    return request_to_batch(body)
+        request, note = parse_json(body)
+        try:
+            body = request.SerializeToString()
+        except RecursionError:  # nesting deeper than json.loads minded but protobuf does
+            raise DecodeError("malformed OTLP/JSON body: nested too deep") from None
+    decoded = request_to_batch(body)
+    decoded.note = note
+    return decoded

@@ -1,11 +1,13 @@
-"""OTLP receivers: OTLP/HTTP (protobuf, JSON, gzip) and OTLP/gRPC, handing span batches on.
+"""OTLP receivers: OTLP/HTTP (protobuf, JSON, gzip, chunked) and OTLP/gRPC, handing batches on.
 
 `OtlpReceiver(on_batch)` binds 127.0.0.1 by default, decodes each request into one span
 RecordBatch and calls `on_batch(batch)`; the request is acknowledged only after on_batch
 returns, so whatever a client saw acknowledged is in the caller's hands. Bad input never
 takes the server down: an oversized body gets 413 (gRPC: RESOURCE_EXHAUSTED), one that
-does not parse 400 (INVALID_ARGUMENT), an unknown content type or encoding 415, and an
-on_batch failure 503 (UNAVAILABLE), which OTLP clients retry.
+does not parse or nests too deep 400 (INVALID_ARGUMENT), an unknown content type or
+encoding 415; an on_batch failure, or no memory to decode the request in, 503
+(UNAVAILABLE) with a Retry-After, which OTLP clients honour and retry. The transports are
+`otlp_http` and `otlp_grpc`; memory is `budget`.
 """
 
 from __future__ import annotations
@@ -13,36 +15,45 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable
-from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from chiptrace.collector.budget import (
+    DECODE_FACTOR,
+    BudgetExhausted,
+    MemoryBudget,
+    MemoryPlan,
+    Reservation,
+)
 from chiptrace.collector.decode import Decoded, DecodeError, decode
+from chiptrace.collector.otlp_grpc import GRPC_SERVICE, start_grpc
+from chiptrace.collector.otlp_http import (
+    TRACES_PATH,
+    OtlpHttpServer,
+    RequestError,
+    handler_class,
+    read_body,
+)
 from chiptrace.errors import ConfigError
 
 log = logging.getLogger("chiptrace")
 
-_REFUSAL_LOG_INTERVAL_S = 5.0
-
-TRACES_PATH = "/v1/traces"
-GRPC_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 DEFAULT_MAX_REQUEST_BYTES = 16 << 20
-_DRAIN_MAX = 256 << 20  # beyond this, an oversized body is not read: the connection closes
-_PROTOBUF = ("application/x-protobuf", "application/protobuf")
-_JSON = ("application/json",)
+DEFAULT_READ_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 1024
+_LOG_INTERVAL_S = 5.0
 
-
-class RequestError(Exception):
-    """A request to answer with `status` and a one-line reason."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
+__all__ = [
+    "GRPC_SERVICE",
+    "TRACES_PATH",
+    "OtlpReceiver",
+    "RequestError",
+    "parse_address",
+    "read_body",
+]
 
 
 def parse_address(name: str, text: str, default_port: int) -> tuple[str, int]:
@@ -65,35 +76,63 @@ def parse_address(name: str, text: str, default_port: int) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", p
 
 
-def _response(decoded: Decoded) -> bytes:
-    resp = ExportTraceServiceResponse()
-    if decoded.rejected:
-        resp.partial_success.rejected_spans = decoded.rejected
-        resp.partial_success.error_message = decoded.reason
-    return resp.SerializeToString()
-
-
 class _Stats:
+    """Requests answered: acknowledged (with their spans), refused with 503, bad."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.requests = self.spans = self.rejected = self.errors = 0
+        self.requests = self.spans = self.rejected = self.errors = self.refused = 0
 
-    def add(self, spans: int = 0, rejected: int = 0, error: bool = False) -> None:
+    def add(self, spans: int = 0, rejected: int = 0) -> None:
         with self.lock:
             self.requests += 1
             self.spans += spans
             self.rejected += rejected
-            self.errors += int(error)
+
+    def fail(self, status: int) -> None:
+        """A request answered with `status` (503: refused, to be retried; else bad)."""
+        with self.lock:
+            self.requests += 1
+            if status == 503:
+                self.refused += 1
+            else:
+                self.errors += 1
+
+
+class _ThrottledWarning:
+    """One log line per interval with a count, not one per request: a busy client retrying
+    against a full store would otherwise flood the log (and can block the server outright
+    when stderr is a pipe nobody drains)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._count = 0
+        self._last = -_LOG_INTERVAL_S
+        self._lock = threading.Lock()
+
+    def add(self, count: int, detail: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._count += count
+            if now - self._last < _LOG_INTERVAL_S:
+                return
+            self._last, count, self._count = now, self._count, 0
+        log.warning(self.text, count, detail)
 
 
 class OtlpReceiver:
     """OTLP/HTTP and/or OTLP/gRPC servers that turn each request into a span batch.
 
     Args:
-        on_batch: called with each decoded RecordBatch (from server threads, concurrently).
+        on_batch: called with each decoded RecordBatch (from server threads, concurrently);
+            raising (StoreUnavailable's `retry_after_s` is used) or returning False is a 503.
         http: `HOST:PORT` for OTLP/HTTP, or None for none (port 0: any free port).
         grpc: `HOST:PORT` for OTLP/gRPC, or None.
         max_request_bytes: largest body accepted, compressed or not.
+        request_memory: bytes all requests being read and decoded may hold together
+            (default: the share of a 1 GiB ceiling, see budget.MemoryPlan).
+        read_timeout_s: an HTTP connection that sends nothing this long is closed.
+        max_connections: HTTP connections open at once; more get 503.
     """
 
     def __init__(
@@ -103,21 +142,49 @@ class OtlpReceiver:
         http: str | None = "127.0.0.1:4318",
         grpc: str | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        request_memory: int | None = None,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self.on_batch = on_batch
         self.max_request_bytes = max_request_bytes
+        self.read_timeout_s = read_timeout_s
+        self.max_connections = max_connections
+        limit = request_memory or MemoryPlan.for_ceiling(1 << 30).requests
+        self.budget = MemoryBudget(limit)
         self.stats = _Stats()
         self._http_addr = parse_address("--listen", http, 4318) if http else None
         self._grpc_addr = parse_address("--grpc", grpc, 4317) if grpc else None
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: OtlpHttpServer | None = None
         self._grpc_server: Any = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._inflight = 0
         self._closing = False
-        self._refused_spans = 0
-        self._last_refusal_log = -_REFUSAL_LOG_INTERVAL_S
         self._idle = threading.Condition()
+        self._refusals = _ThrottledWarning(
+            "chiptrace: refused %d spans (503) since the last warning: %s"
+        )
+        self._notes = _ThrottledWarning("chiptrace: %d request(s) since the last warning: %s")
+
+    @property
+    def http_url(self) -> str | None:
+        """`http://HOST:PORT/v1/traces` once started with HTTP."""
+        if not self.http_port or not self._http_addr:
+            return None
+        return f"http://{self._http_addr[0]}:{self.http_port}{TRACES_PATH}"
+
+    @property
+    def http_connections(self) -> int:
+        """HTTP connections open now (each holds a thread until it closes or times out)."""
+        return self._httpd.connections if self._httpd is not None else 0
+
+    @property
+    def grpc_target(self) -> str | None:
+        """`HOST:PORT` of the gRPC server once started with gRPC."""
+        if not self.grpc_port or not self._grpc_addr:
+            return None
+        return f"{self._grpc_addr[0]}:{self.grpc_port}"
 
     # ------------------------------------------------------------ lifecycle
 
@@ -128,39 +195,24 @@ class OtlpReceiver:
             ConfigError: an address cannot be bound (in use, not local).
         """
         if self._http_addr:
+            handler = handler_class(self, self.read_timeout_s)
             try:
-                self._httpd = ThreadingHTTPServer(self._http_addr, _handler(self))
+                self._httpd = OtlpHttpServer(self._http_addr, handler, self.max_connections)
             except OSError as e:
                 raise ConfigError(
                     f"cannot listen on {self._http_addr[0]}:{self._http_addr[1]}: {e.strerror}"
                 ) from e
-            self._httpd.daemon_threads = True
             self.http_port = self._httpd.server_address[1]
             threading.Thread(
                 target=self._httpd.serve_forever, name="chiptrace-otlp-http", daemon=True
             ).start()
         if self._grpc_addr:
-            self._start_grpc()
+            try:
+                self._grpc_server, self.grpc_port = start_grpc(self, *self._grpc_addr)
+            except BaseException:
+                self.stop(0)
+                raise
         return self
-
-    def _start_grpc(self) -> None:
-        import grpc
-
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="chiptrace-otlp-grpc"),
-            options=[("grpc.max_receive_message_length", self.max_request_bytes)],
-        )
-        handler = grpc.unary_unary_rpc_method_handler(self._grpc_export)  # raw bytes in and out
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(GRPC_SERVICE, {"Export": handler}),)
-        )
-        host, port = self._grpc_addr
-        try:
-            self.grpc_port = server.add_insecure_port(f"{host}:{port}")
-        except RuntimeError as e:
-            raise ConfigError(f"cannot listen on {host}:{port} for gRPC: {e}") from e
-        server.start()
-        self._grpc_server = server
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop acknowledging: later requests get 503 (or UNAVAILABLE), and this returns once
@@ -185,18 +237,25 @@ class OtlpReceiver:
 
     # ------------------------------------------------------------ requests
 
-    def handle(self, body: bytes, content_type: str) -> Decoded:
-        """Decode one request body and hand its batch on.
+    def handle(
+        self, body: bytes, content_type: str, reservation: Reservation | None = None
+    ) -> Decoded:
+        """Decode one request body and hand its batch on; decoding's memory is reserved
+        in `reservation` first.
 
         Raises:
-            RequestError: 400 (malformed) or 503 (on_batch failed).
+            RequestError: 400 (malformed) or 503 (closing, no memory, on_batch failed).
         """
         with self._idle:
             if self._closing:
-                raise RequestError(503, "the collector is shutting down")
+                raise RequestError(503, "the collector is shutting down", retry_after_s=5)
             self._inflight += 1
         try:
+            if reservation is not None:
+                reservation.grow(len(body) * DECODE_FACTOR)
             return self._handle(body, content_type)
+        except BudgetExhausted as e:
+            raise RequestError(503, str(e), retry_after_s=1) from None
         finally:
             with self._idle:
                 self._inflight -= 1
@@ -207,134 +266,24 @@ class OtlpReceiver:
             decoded = decode(body, content_type)
         except DecodeError as e:
             raise RequestError(400, str(e)) from None
+        if decoded.note:
+            self._notes.add(1, decoded.note)
         if decoded.batch.num_rows:
             try:
                 if self.on_batch(decoded.batch) is False:
                     raise RuntimeError("the store's buffer is full or closing")
             except Exception as e:  # noqa: BLE001 - the client must hear it; the server goes on
-                self._warn_refused(decoded.batch.num_rows, e)
-                raise RequestError(503, f"could not store spans: {e}") from None
+                self._refusals.add(decoded.batch.num_rows, str(e))
+                retry = getattr(e, "retry_after_s", None) or 1
+                raise RequestError(503, f"could not store spans: {e}", retry) from None
         self.stats.add(decoded.batch.num_rows, decoded.rejected)
         return decoded
 
-    def _warn_refused(self, spans: int, error: Exception) -> None:
-        """One warning per interval with a count, not one per request: a busy client
-        retrying against a full store would otherwise flood the log (and can block the
-        server outright when stderr is a pipe nobody drains)."""
-        now = time.monotonic()
-        with self._idle:
-            self._refused_spans += spans
-            if now - self._last_refusal_log < _REFUSAL_LOG_INTERVAL_S:
-                return
-            self._last_refusal_log, count, self._refused_spans = now, self._refused_spans, 0
-        log.warning("chiptrace: refused %d spans (503) since the last warning: %s", count, error)
-
-    def _grpc_export(self, request: bytes, context: Any) -> bytes:
-        import grpc
-
-        try:
-            return _response(self.handle(request, "application/x-protobuf"))
-        except RequestError as e:
-            self.stats.add(error=True)
-            code = (
-                grpc.StatusCode.INVALID_ARGUMENT if e.status == 400 else grpc.StatusCode.UNAVAILABLE
-            )
-            context.abort(code, str(e))
-            raise  # abort raises; this keeps type checkers honest
-
-
-def read_body(headers: Any, rfile: Any, limit: int) -> bytes:
-    """The request body, decompressed, within `limit` bytes.
-
-    Raises:
-        RequestError: 411 without a length, 413 over the limit, 415 an unknown encoding,
-            400 a broken gzip stream.
-    """
-    raw_len = headers.get("Content-Length")
-    if raw_len is None or not raw_len.strip().isdigit():
-        raise RequestError(411, "Content-Length required")
-    n = int(raw_len)
-    if n > limit:
-        if n <= _DRAIN_MAX:  # read and drop it, so the client gets to read our answer
-            while n > 0 and (chunk := rfile.read(min(n, 1 << 20))):
-                n -= len(chunk)
-        raise RequestError(413, f"request of {raw_len} bytes is over the {limit}-byte limit")
-    body = rfile.read(n)
-    if len(body) < n:
-        raise RequestError(400, f"truncated body: {len(body)} of {n} bytes")
-    encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
-    if encoding == "gzip":
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            body = inflater.decompress(body, limit + 1)
-        except zlib.error as e:
-            raise RequestError(400, f"bad gzip body: {e}") from None
-        if len(body) > limit or inflater.unconsumed_tail:
-            raise RequestError(413, f"request inflates past the {limit}-byte limit")
-        if not inflater.eof:
-            raise RequestError(400, "truncated gzip body")
-    elif encoding != "identity":
-        raise RequestError(415, f"Content-Encoding {encoding!r} not supported; use gzip or none")
-    return body
-
-
-def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "chiptrace-collect"
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _reply(
-            self, status: int, body: bytes, ctype: str = "text/plain; charset=utf-8"
-        ) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            try:
-                self._post()
-            except RequestError as e:
-                receiver.stats.add(error=True)
-                if e.status in (411, 413) or (e.status == 400 and "truncated" in str(e)):
-                    self.close_connection = True  # the unread body would poison the next request
-                self._reply(e.status, (str(e) + "\n").encode())
-            except Exception:  # noqa: BLE001 - a bug here must cost one request, not the server
-                log.exception("chiptrace: OTLP request failed")
-                receiver.stats.add(error=True)
-                self.close_connection = True
-                self._reply(500, b"internal error\n")
-
-        def _post(self) -> None:
-            if self.path.split("?", 1)[0] != TRACES_PATH:
-                self.close_connection = True
-                raise RequestError(404, f"POST OTLP traces to {TRACES_PATH}")
-            ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-            if ctype not in _PROTOBUF + _JSON:
-                self.close_connection = True
-                raise RequestError(
-                    415,
-                    f"Content-Type {ctype!r}: expected application/x-protobuf or application/json",
-                )
-            body = read_body(self.headers, self.rfile, receiver.max_request_bytes)
-            decoded = receiver.handle(body, ctype)
-            if ctype in _JSON:
-                resp = (
-                    b"{}"
-                    if not decoded.rejected
-                    else (
-                        b'{"partialSuccess":{"rejectedSpans":"%d","errorMessage":"%s"}}'
-                        % (decoded.rejected, decoded.reason.encode())
-                    )
-                )
-                self._reply(200, resp, "application/json")
-            else:
-                self._reply(200, _response(decoded), "application/x-protobuf")
-
-    return Handler
+    @staticmethod
+    def response(decoded: Decoded) -> bytes:
+        """The serialized ExportTraceServiceResponse for a handled request."""
+        resp = ExportTraceServiceResponse()
+        if decoded.message:
+            resp.partial_success.rejected_spans = decoded.rejected
+            resp.partial_success.error_message = decoded.message
+        return resp.SerializeToString()

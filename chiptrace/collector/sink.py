@@ -2,26 +2,47 @@
 
 `--partition-by date,host` writes `spans/date=2026-11-30/host=node1/part-*.parquet`, the
 layout DuckDB (`hive_partitioning`), Spark and Trino read as one dataset. The date is the
-span's start in UTC; a span without a host goes under Hive's null partition
-(`host=__HIVE_DEFAULT_PARTITION__`), which readers turn back into NULL.
+span's start in UTC; a span without a host (or with an empty one) goes under Hive's null
+partition (`host=__HIVE_DEFAULT_PARTITION__`).
+
+Folder names only sort parts: the stored `host` and `service` columns keep every value
+exactly as sent, and chiptrace reads the columns, never the folder names. A folder name is
+the value percent-encoded as Hive does (anything but letters, digits, `.`, `_` and `-`),
+so DuckDB, Spark and Trino read most values back exactly from the names too; a value whose
+encoding is longer than MAX_FOLDER_VALUE keeps a prefix and a hash of the whole
+(`service=aaaa...~3f2a9c0d11e4b7a2`), so no name is too long for the filesystem and two
+values never share a folder by accident.
+
+Each partition of a flushed part is written on its own: one that fails costs only its own
+rows, which the spool keeps and retries (see spool.PartialWrite).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from chiptrace.collector.spool import PartialWrite, StoreUnavailable
 from chiptrace.errors import ConfigError
-from chiptrace.store import PartWriter
+from chiptrace.store import SPANS_DIR, PartWriter
+
+log = logging.getLogger("chiptrace")
 
 PARTITION_KEYS = ("date", "host", "service")
 # Hive's name for a null partition value: DuckDB, Spark and Trino read it back as NULL.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._:-]")
+MAX_FOLDER_VALUE = 120  # bytes of encoded value in one folder name (filesystems allow 255)
+_HASH_CHARS = 16
+_UNSAFE = re.compile(rb"[^A-Za-z0-9._-]")
+_NS_PER_DAY = 86_400 * 10**9
+_READY_LIMIT = 100_000  # partition folders remembered as created
 
 
 def parse_partition_by(text: str | None) -> tuple[str, ...]:
@@ -41,18 +62,58 @@ def parse_partition_by(text: str | None) -> tuple[str, ...]:
     return keys
 
 
-def _values(batch: pa.RecordBatch, key: str) -> list[str]:
+def folder_value(value: str | None) -> str:
+    """The folder-name form of a partition value: Hive's percent-encoding, bounded."""
+    if not value:
+        return NULL_PARTITION
+    encoded = _UNSAFE.sub(lambda m: b"%%%02X" % m.group()[0], value.encode("utf-8")).decode()
+    if len(encoded) <= MAX_FOLDER_VALUE:
+        return encoded
+    digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:_HASH_CHARS]
+    head = encoded[: MAX_FOLDER_VALUE - _HASH_CHARS - 1]
+    head = head[: head.rfind("%")] if "%" in head[-2:] else head  # no cut escape
+    return f"{head}~{digest}"  # `~` is always escaped in a value, so this cannot collide
+
+
+def _key_codes(table: pa.Table, key: str) -> tuple[np.ndarray, list[str]]:
+    """Per row an index into the list of folder names of `key`'s values."""
     if key == "date":
-        start = batch.column("start_ns").to_numpy(zero_copy_only=False)
-        return np.datetime_as_string(start.astype("datetime64[ns]"), unit="D").tolist()
-    col = batch.column(key)
-    if pa.types.is_dictionary(col.type):
-        col = col.cast(pa.string())
-    return [_UNSAFE.sub("_", v) if v else NULL_PARTITION for v in col.to_pylist()]
+        days = table.column("start_ns").to_numpy() // _NS_PER_DAY
+        uniq, codes = np.unique(days, return_inverse=True)
+        names = np.datetime_as_string(uniq.astype("datetime64[D]"), unit="D").tolist()
+        return codes.astype(np.int64), names
+    col = table.column(key).combine_chunks()
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col)
+    names = [folder_value(v) for v in col.dictionary.to_pylist()] + [NULL_PARTITION]
+    codes = col.indices.fill_null(len(names) - 1).to_numpy(zero_copy_only=False)
+    return codes.astype(np.int64), names
+
+
+def partition_groups(table: pa.Table, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """Partition path (`date=.../host=...`) -> the row indices that go under it."""
+    codes = np.zeros(table.num_rows, dtype=np.int64)
+    per_key = []
+    for key in keys:
+        key_codes, names = _key_codes(table, key)
+        codes = codes * len(names) + key_codes
+        per_key.append((key, names))
+    groups: dict[str, list[np.ndarray]] = {}
+    order = np.argsort(codes, kind="stable")
+    uniq, starts = np.unique(codes[order], return_index=True)
+    bounds = [*starts.tolist(), len(order)]
+    for i, code in enumerate(uniq.tolist()):
+        parts = []
+        for key, names in reversed(per_key):
+            code, idx = divmod(code, len(names))
+            parts.append(f"{key}={names[idx]}")
+        path = "/".join(reversed(parts))
+        groups.setdefault(path, []).append(order[bounds[i] : bounds[i + 1]])
+    return {p: np.sort(np.concatenate(rows)) for p, rows in groups.items()}
 
 
 class PartitionedStoreSink:
-    """A recorder sink writing each flushed batch as parts, split by partition keys.
+    """The spool's sink: writes each part, split by partition keys, and the manifest.
 
     Args:
         writer: the PartWriter of the output directory.
@@ -62,21 +123,60 @@ class PartitionedStoreSink:
     def __init__(self, writer: PartWriter, partition_by: Sequence[str] = ()) -> None:
         self.writer = writer
         self.partition_by = tuple(partition_by)
+        self._ready: set[str] = set()
 
-    def write(self, batch: pa.RecordBatch) -> None:
+    def prepare(self, batch: pa.RecordBatch) -> None:
+        """Create the folders a request's spans will go to, before it is acknowledged, so
+        a partition that cannot be written is refused to its own client alone.
+
+        Raises:
+            StoreUnavailable: a folder cannot be created.
+        """
         if not self.partition_by:
-            self.writer.write(batch)
             return
-        columns = [_values(batch, k) for k in self.partition_by]
-        paths = [
-            "/".join(f"{k}={v}" for k, v in zip(self.partition_by, vals, strict=True))
-            for vals in zip(*columns, strict=True)
-        ]
-        keys = pc.dictionary_encode(pa.array(paths))
-        table = pa.Table.from_batches([batch])
-        for i, path in enumerate(keys.dictionary.to_pylist()):
-            part = table.filter(pc.equal(keys.indices, i))
-            self.writer.write(part, partition=path)
+        root = self.writer.directory / SPANS_DIR
+        for path in partition_groups(pa.Table.from_batches([batch]), self.partition_by):
+            if path in self._ready:
+                continue
+            try:
+                (root / path).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreUnavailable(
+                    f"cannot create partition folder {Path(SPANS_DIR, path)}: {e.strerror}",
+                    retry_after_s=10,
+                ) from None
+            if len(self._ready) >= _READY_LIMIT:
+                self._ready.clear()
+            self._ready.add(path)
+
+    def write(self, table: pa.Table) -> None:
+        """Write `table` as one part per partition, then the manifest.
+
+        Raises:
+            PartialWrite: some partitions failed; their rows are in `unwritten`.
+        """
+        if not self.partition_by:
+            self.writer.write(table)
+        else:
+            failed: list[pa.Table] = []
+            error: BaseException | None = None
+            for path, rows in partition_groups(table, self.partition_by).items():
+                part = table.take(pa.array(rows))
+                try:
+                    self.writer.write(part, partition=path)
+                except Exception as e:  # noqa: BLE001 - one partition must not cost the others
+                    failed.append(part)
+                    error = error or e
+            if failed:
+                self._update_manifest()
+                raise PartialWrite(pa.concat_tables(failed), error)
+        self._update_manifest()
+
+    def _update_manifest(self) -> None:
+        try:
+            self.writer.write_manifest()
+        except OSError as e:
+            log.warning("chiptrace: could not update the manifest: %s", e)
 
     def close(self) -> None:
         pass

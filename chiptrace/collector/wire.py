@@ -3,9 +3,13 @@
 opentelemetry-proto's parser is C, but every field read from Python through its objects
 costs about half a microsecond, ~15 us a span in all. This reader walks the wire format
 itself (chiptrace.collector._pbwire) and touches each span's bytes once. What repeats is
-decoded once, through caches keyed by the raw bytes and shared across requests: a `KeyValue` (`chip.id = gpu:3`), a status, a
-resource, a scope, and a span's whole set of generic attributes as JSON. What is rare
-(events, links, a value seen for the first time) goes through opentelemetry-proto's classes.
+decoded once, through caches keyed by the raw bytes and shared across requests: a
+`KeyValue` (`chip.id = gpu:3`), a status, and a span's whole set of generic attributes as
+JSON. What is rare (events, links, a value seen for the first time) goes through
+opentelemetry-proto's classes.
+
+`chip.type` is one of the six chip types or it stays a generic attribute; a span with a
+`chip.id` and no `chip.type` gets the type its id names (`schema.chip_type_of`).
 """
 
 from __future__ import annotations
@@ -18,13 +22,20 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from chiptrace.collector._pbwire import WireError, fields, scan_span, span_header
-from chiptrace.schema import ATTRIBUTE_COLUMNS, dumps
+from chiptrace.schema import ATTRIBUTE_COLUMNS, CHIP_TYPES, chip_type_of, dumps
 
 _HAS_CORE = object()  # a span tail holding ids, name, kind or times: not the fast shape
 _INT_COLUMNS = frozenset({"op_bytes", "op_flops"})
 TYPED_COLUMNS = tuple(ATTRIBUTE_COLUMNS.values())
 _COL_INDEX = {c: i for i, c in enumerate(TYPED_COLUMNS)}
 _NO_TYPED = (None,) * len(TYPED_COLUMNS)
+_CHIP_ID = _COL_INDEX["chip_id"]
+_CHIP_TYPE = _COL_INDEX["chip_type"]
+# Values above this are decoded every time, never cached: a unique 10 MB attribute would
+# otherwise sit in three caches (raw key, decoded value, JSON) until the cache empties.
+MAX_CACHED_BYTES = 4096
+DEFAULT_CACHE_BYTES = 32 << 20
+_ENTRY_OVERHEAD = 200  # dict slot, key and value objects: bytes an entry costs beyond its key
 SPAN_COLUMNS = (
     "trace_id",
     "span_id",
@@ -56,28 +67,48 @@ def _any(value: Any) -> Any:
 def _fits(col: str, value: Any) -> bool:
     if col in _INT_COLUMNS:
         return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+    if col == "chip_type":
+        return value in CHIP_TYPES
     return isinstance(value, str)
 
 
 class Caches:
     """Decoded values keyed by their raw bytes, shared by the readers of one receiver.
 
-    A dict lookup is thread-safe under the GIL, and a lost race only decodes twice. Each
-    dict is emptied when it reaches `limit` entries, so unique values cannot grow it forever.
+    A dict lookup is thread-safe under the GIL, and a lost race only decodes twice. Bounded
+    twice over: a value whose raw bytes exceed MAX_CACHED_BYTES is not kept, and each dict
+    is emptied when it reaches `limit` entries or its share of `max_bytes`, so unique
+    values cannot grow it forever.
     """
 
-    def __init__(self, limit: int = 50_000) -> None:
+    def __init__(self, limit: int = 50_000, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.limit = limit
         self.kv: dict[bytes, tuple[int | None, str, Any]] = {}
         self.attrs: dict[tuple[bytes, ...], tuple[tuple[Any, ...], str | None]] = {}
         self.tails: dict[bytes, Any] = {}
         self.status: dict[bytes, tuple[int, str | None]] = {}
+        tables = (self.kv, self.attrs, self.tails, self.status)
+        self._share = max(max_bytes // len(tables), 1)
+        self._bytes = {id(t): 0 for t in tables}
 
-    def put(self, table: dict[Any, Any], key: Any, value: Any) -> Any:
-        if len(table) >= self.limit:
+    def put(self, table: dict[Any, Any], key: Any, value: Any, size: int) -> Any:
+        """Keep `value` under `key` when `size` (the raw bytes it was decoded from) is small."""
+        if size > MAX_CACHED_BYTES:
+            return value
+        # Decoded values are about as large as their raw bytes: count both.
+        cost = 2 * size + _ENTRY_OVERHEAD
+        used = self._bytes[id(table)] + cost
+        if len(table) >= self.limit or used > self._share:
             table.clear()
+            used = cost
+        self._bytes[id(table)] = used
         table[key] = value
         return value
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the caches hold, estimated as they are filled."""
+        return sum(self._bytes.values())
 
 
 SHARED_CACHES = Caches()
@@ -104,7 +135,7 @@ class SpanReader:
         value = _any(kv.value)
         col = ATTRIBUTE_COLUMNS.get(kv.key)
         hit = (_COL_INDEX[col] if col is not None and _fits(col, value) else None, kv.key, value)
-        return self._caches.put(self._kv, raw, hit)
+        return self._caches.put(self._kv, raw, hit, len(raw))
 
     def status_of(self, raw: bytes) -> tuple[int, str | None]:
         """(code, message) of a Status message's bytes, cached."""
@@ -112,7 +143,7 @@ class SpanReader:
         if hit is None:
             st = Status.FromString(raw)
             hit = self._caches.put(
-                self._status, raw, (st.code if st.code < 128 else 0, st.message or None)
+                self._status, raw, (st.code if st.code < 128 else 0, st.message or None), len(raw)
             )
         return hit
 
@@ -170,7 +201,7 @@ class SpanReader:
         Anything else takes the field-by-field scan.
         """
         head = span_header(buf, lo, hi)
-        if head is not None:
+        if head is not None and hi - head[7] <= MAX_CACHED_BYTES:  # a large tail: not cached
             trace_id, span_id, parent, name, kind, start, end, i = head
             tail = buf[i:hi]
             info = self._tails.get(tail) or self._tail(tail)
@@ -229,7 +260,7 @@ class SpanReader:
         else:
             info = self._resolve(sc)
         if not (sc[9] or sc[10]):  # events carry times: unique, not worth keeping
-            self._caches.put(self._tails, tail, info)
+            self._caches.put(self._tails, tail, info, len(tail))
         return info
 
     def _resolve(self, sc: list[Any]) -> tuple[Any, ...]:
@@ -256,7 +287,12 @@ class SpanReader:
                 rest[key] = value
             else:
                 typed[idx] = value
-        return self._caches.put(self._attrs, raws, (tuple(typed), dumps(rest) if rest else None))
+        if typed[_CHIP_TYPE] is None and not (rest and "chip.type" in rest):
+            typed[_CHIP_TYPE] = chip_type_of(typed[_CHIP_ID])
+        size = sum(len(r) for r in raws)
+        return self._caches.put(
+            self._attrs, raws, (tuple(typed), dumps(rest) if rest else None), size
+        )
 
     def columns(self) -> dict[str, list[Any]]:
         """Everything read so far, column by column (SPAN_COLUMNS)."""

@@ -48,6 +48,9 @@ class EmulationResult:
     wall_s: float
     workload: dict[str, Any] = field(default_factory=dict)
     faults: list[dict[str, Any]] = field(default_factory=list)
+    stored: int = 0  # spans written to the store (`spans` is what the run made)
+    dropped: int = 0
+    error: str | None = None  # why the store failed, if it did (a full disk)
 
     @property
     def spans_per_s(self) -> float:
@@ -139,6 +142,7 @@ def emulate(
     duration_s: float | None = None,
     progress: bool | None = None,
     chunk_spans: int = 262_144,
+    id_seed: int | None = None,
 ) -> EmulationResult:
     """Run `workload` on `topology` and write its spans under `out`.
 
@@ -158,6 +162,8 @@ def emulate(
         duration_s: stop once this much virtual time has passed.
         progress: draw a progress bar (default: when stderr is a terminal and not realtime).
         chunk_spans: spans handed to the recorder at a time (bounds memory).
+        id_seed: seed of the span and trace ids when it must differ from `seed` (a run
+            appended to a trace dir that already holds this seed's ids); times stay `seed`'s.
 
     Raises:
         ChiptraceError: bad topology, workload, fault, precision or schedule.
@@ -183,6 +189,7 @@ def emulate(
         "workload": wl.describe(),
         "emulation": {
             "seed": seed,
+            **({"id_seed": id_seed} if id_seed is not None else {}),
             "steps": steps,
             "precision": precision,
             "schedule": schedule,
@@ -216,7 +223,7 @@ def emulate(
     ctx.table = SpanTable(
         effects.topology,
         net,
-        np.random.default_rng(seed),
+        np.random.default_rng(seed if id_seed is None else id_seed),
         epoch,
         lambda b: recorder.write_batch(b, block=True),
         constants,
@@ -238,9 +245,22 @@ def emulate(
         "virtual_ns": virtual,
         "spans": ctx.table.total,
     }
-    writer.write_manifest(emulation=emulation, spans_dropped=recorder.dropped)
+    error = recorder.store_error
+    try:
+        writer.write_manifest(emulation=emulation, spans_dropped=recorder.dropped)
+    except OSError as e:
+        error = error or str(e.strerror or e)
     return EmulationResult(
-        out_dir, ctx.table.total, done, virtual, wall, manifest["workload"], manifest["faults"]
+        out_dir,
+        ctx.table.total,
+        done,
+        virtual,
+        wall,
+        manifest["workload"],
+        manifest["faults"],
+        stored=writer.spans_written,
+        dropped=recorder.dropped,
+        error=error,
     )
 
 

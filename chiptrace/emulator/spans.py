@@ -129,6 +129,7 @@ class SpanTable:
         self.traces: list[bytes] = []  # trace ids of handles _trace_base, _trace_base + 1, ...
         self._trace_base = 0
         self._keep_from = 0
+        self._pinned: set[int] = set()  # traces still written to after their step (prefetch)
         self._segments: list[tuple[np.ndarray, ...]] = []
         self._links: list[
             tuple[int, str]
@@ -155,6 +156,14 @@ class SpanTable:
         """Mark a step boundary: traces opened before it are finished and may be forgotten
         at the next flush, so a run of a million requests does not keep a million ids."""
         self._keep_from = self._trace_base + len(self.traces)
+
+    def pin(self, trace: int) -> int:
+        """Keep a trace's id past its step (a workload adds to it later); returns it."""
+        self._pinned.add(trace)
+        return trace
+
+    def unpin(self, trace: int) -> None:
+        self._pinned.discard(trace)
 
     def ids(self, n: int) -> np.ndarray:
         """n fresh non-zero 64-bit span ids."""
@@ -251,7 +260,7 @@ class SpanTable:
         self._links.clear()
         self._attrs.clear()
         self.pending = 0
-        drop = self._keep_from - self._trace_base
+        drop = min([self._keep_from, *self._pinned]) - self._trace_base
         if drop > 0:
             del self.traces[:drop]
             self._trace_base += drop

@@ -125,6 +125,8 @@ class Training:
         self.ingest = Ingest(self) if cfg.host_load_flops_per_byte > 0 else None
         self.fabric = Fabric(ctx) if cfg.switch_ops else None
         self.prev_start = 0.0
+        self.prev_trace: int | None = None  # the previous step's trace and root: where the
+        self.prev_root = 0  # prefetched input of the next step is recorded
 
     def _nearest_cpu(self, gpu: str) -> str | None:
         return self.ctx.network.nearest(gpu, self.cpus) if self.cpus else None

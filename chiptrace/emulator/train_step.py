@@ -47,14 +47,29 @@ def run_step(tr: Training, s: int, t0: float) -> float:
     ph = dict(zip(PHASES, phase, strict=True))
     bounds: dict[str, tuple[float, float]] = {}
 
-    ready, h2d_ids = _input(tr, s, t0, trace, ph["input"], bounds)
-    _, bwd_end = _compute(tr, t0, ready, h2d_ids, trace, ph, bounds)
+    # Prefetched input runs during the previous step: it sits in that step's trace, under
+    # its root (no child starts before its parent), linked to the step it feeds.
+    prefetched = tr.cfg.prefetch and tr.prev_trace is not None
+    in_trace = tr.prev_trace if prefetched else trace
+    ready, h2d_ids = _input(tr, s, t0, in_trace, ph["input"], bounds)
+    _, bwd_end = _compute(tr, t0, ready, (in_trace, h2d_ids), trace, ph, bounds)
     ar_end, last_bucket = _allreduce(tr, bwd_end, trace, ph["allreduce"], bounds)
     end = _optimizer(tr, ar_end, trace, ph["optimizer"], bounds, last_bucket)
+    if prefetched:
+        a, b = bounds.pop("input")
+        tb.add(
+            in_trace,
+            tb.name("input"),
+            a,
+            b,
+            tr.prev_root,
+            span_ids=np.array([ph["input"]], np.uint64),
+            links=[[(trace, int(root))]],
+            attrs=[{"train.for_step": s}],
+        )
     for name, (a, b) in bounds.items():
         tb.add(trace, tb.name(name), a, b, root, span_ids=np.array([ph[name]], np.uint64))
-    # The root spans [previous step's end, this end]: step times tile the run. Prefetched
-    # input work started earlier and shows as a child that begins before its parent.
+    # The root spans [previous step's end, this end]: step times tile the run.
     tb.add(
         trace,
         tb.name("train_step"),
@@ -64,6 +79,9 @@ def run_step(tr: Training, s: int, t0: float) -> float:
         span_ids=np.array([root], np.uint64),
         attrs=[{"train.step": s, "train.ranks": len(tr.gpus), "train.buckets": len(tr.buckets)}],
     )
+    if tr.prev_trace is not None:
+        tb.unpin(tr.prev_trace)
+    tr.prev_trace, tr.prev_root = tb.pin(trace), int(root)  # the next step's input goes here
     return end
 
 
@@ -108,7 +126,7 @@ def _compute(
     tr: Training,
     t0: float,
     ready: np.ndarray,
-    h2d_ids: np.ndarray,
+    h2d: tuple[int, np.ndarray],
     trace: int,
     ph: dict,
     bounds: dict,
@@ -132,8 +150,9 @@ def _compute(
     fnames = np.tile(np.array([tb.name(f"fwd.{i}") for i in range(L)]), n)
     bnames = np.tile(np.array([tb.name(f"bwd.{i}") for i in reversed(range(L))]), n)
     links: list = [None] * (n * L)
+    in_trace, h2d_ids = h2d  # the copies that fed each rank, in the trace they ran in
     for r in range(n):
-        links[r * L] = [(trace, int(h2d_ids[r]))]
+        links[r * L] = [(in_trace, int(h2d_ids[r]))]
     tb.add(
         trace,
         fnames,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -28,8 +28,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 import chiptrace
 from chiptrace._otel import span_attributes
-from chiptrace.cli.collect import build
 from chiptrace.collector.receiver import OtlpReceiver
+from chiptrace.collector.service import CollectOptions, CollectSummary
+from chiptrace.collector.service import Collector as CollectService
 from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
 
 SENDER = Path(__file__).with_name("sdk_sender.py")
@@ -37,30 +38,27 @@ GRPC_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 class Collector:
-    """`chiptrace collect` run in-process through the CLI's own build(), on free ports."""
+    """The collector `chiptrace collect` runs, in-process, on free ports."""
 
     def __init__(self, out: Path, **opts: Any) -> None:
-        args = argparse.Namespace(
-            listen="127.0.0.1:0",
-            grpc="127.0.0.1:0",
-            out=str(out),
-            partition_by=None,
-            max_request_bytes=1 << 20,
-            flush_interval=60.0,
-            flush_spans=1_000_000,
-            max_buffered=1_000_000,
-        )
-        for k, v in opts.items():
-            setattr(args, k, v)
+        options = {
+            "http": "127.0.0.1:0",
+            "grpc": "127.0.0.1:0",
+            "max_request_bytes": 1 << 20,
+            "flush_interval_s": 60.0,
+            "flush_spans": 1_000_000,
+            "max_buffered": 1_000_000,
+            "min_free_bytes": 0,
+            **opts,
+        }
         self.out = out
-        self.recorder, self.receiver = build(args)
-        self.receiver.start()
-        self.url = f"http://127.0.0.1:{self.receiver.http_port}/v1/traces"
-        self.grpc_target = f"127.0.0.1:{self.receiver.grpc_port}"
+        self.service = CollectService(CollectOptions(out=out, **options)).start()
+        self.receiver = self.service.receiver
+        self.url = self.receiver.http_url
+        self.grpc_target = self.receiver.grpc_target
 
-    def close(self) -> None:
-        self.receiver.stop()
-        self.recorder.shutdown()
+    def close(self) -> CollectSummary:
+        return self.service.stop()
 
 
 @pytest.fixture
@@ -105,6 +103,39 @@ def sample_request(n: int = 3, first_id: int = 1) -> bytes:
 def stored(out: Path) -> dict[str, dict]:
     con = chiptrace.connect(out)
     return {r["span_id"]: r for r in con.sql("SELECT * FROM spans").to_arrow_table().to_pylist()}
+
+
+def start_collect(
+    out: Path, *flags: str, command: str = "collect", ignore_sigint: bool = False
+) -> tuple[Any, str]:
+    """`chiptrace collect --listen 127.0.0.1:0 --out OUT FLAGS` (or `view --otlp`) in a
+    process; returns it and its OTLP/HTTP URL, read from its first line. `ignore_sigint`
+    starts it with SIGINT ignored, as a shell's background job is."""
+    listen = (
+        ["--otlp", "127.0.0.1:0", "--no-ui"] if command == "view" else ["--listen", "127.0.0.1:0"]
+    )
+    argv = [sys.executable, "-m", "chiptrace", command, *listen, "--out", str(out), *flags]
+    if ignore_sigint:
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    found = re.search(r"http://\S+/v1/traces", line)
+    if not found:
+        proc.kill()
+        raise AssertionError(f"no URL in {line!r}: {proc.communicate()[1][-2000:]}")
+    return proc, found.group()
+
+
+def stored_count_said(err: str) -> int:
+    """N from the exit line's `stored N spans`."""
+    said = re.search(r"stored ([\d,]+) spans", err)
+    assert said, err[-2000:]
+    return int(said.group(1).replace(",", ""))
 
 
 def run_sender(*args: str) -> list[dict]:
@@ -234,7 +265,7 @@ def test_grpc_errors(collector: Collector) -> None:
 
 
 def test_partition_by_date_and_host(tmp_path: Path) -> None:
-    c = Collector(tmp_path / "p", partition_by="date,host")
+    c = Collector(tmp_path / "p", partition_by=("date", "host"))
     try:
         run_sender("--http", c.url, "--spans", "20")
         assert post(c.url, sample_request(3, 500))[0] == 200  # no host.name, start in 1970
@@ -253,6 +284,41 @@ def test_partition_by_date_and_host(tmp_path: Path) -> None:
     assert {r["host"] for r in rows.values()} == {"node7", None}
 
 
+def request_from(service: str, host: str | None, first: int, n: int = 10) -> bytes:
+    req = ExportTraceServiceRequest.FromString(sample_request(n, first))
+    resource = req.resource_spans[0].resource
+    del resource.attributes[:]
+    for key, value in (("service.name", service), ("host.name", host)):
+        if value is not None:
+            kv = resource.attributes.add()
+            kv.key, kv.value.string_value = key, value
+    return req.SerializeToString()
+
+
+def test_partition_by_service_keeps_every_value_and_every_span(tmp_path: Path) -> None:
+    """A 300-character service name once raised ENAMETOOLONG mid-batch and cost other
+    services' acknowledged spans; names with spaces came back from the folder names."""
+    c = Collector(tmp_path / "p", partition_by=("service", "host"))
+    senders = [("s" * 300, "node1"), ("payment service", "node 2"), ("checkout", "a/b"), ("x", "")]
+    try:
+        for i, (service, host) in enumerate(senders):
+            assert post(c.url, request_from(service, host, 1 + 100 * i))[0] == 200
+    finally:
+        summary = c.close()
+    assert summary.stored == 40 and summary.unwritten == 0
+    rows = stored(tmp_path / "p").values()
+    assert sorted((r["service"], r["host"]) for r in rows) == sorted(
+        (service, host) for service, host in senders for _ in range(10)
+    )
+    con = chiptrace.connect(tmp_path / "p")
+    assert con.sql("SELECT count(*) FROM spans WHERE service = 'payment service'").fetchall() == [
+        (10,)
+    ]
+    folders = [p.parent for p in (tmp_path / "p" / "spans").rglob("*.parquet")]
+    assert all(len(f.name) <= 200 and len(f.parent.name) <= 200 for f in folders)
+    assert {f.parent.name for f in folders} >= {"service=payment%20service", "service=checkout"}
+
+
 def test_receiver_class_reusable_with_a_callback() -> None:
     got: list[pa.RecordBatch] = []
     with OtlpReceiver(got.append, http="127.0.0.1:0") as r:
@@ -260,27 +326,24 @@ def test_receiver_class_reusable_with_a_callback() -> None:
     assert sum(b.num_rows for b in got) == 4 and r.stats.spans == 4
 
 
-def test_sigterm_keeps_every_acknowledged_span(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("command", "sig", "ignored"),
+    [
+        ("collect", signal.SIGTERM, False),
+        ("view", signal.SIGTERM, False),
+        ("view", signal.SIGINT, False),
+        ("view", signal.SIGINT, True),
+    ],
+)
+def test_a_signal_keeps_every_acknowledged_span(
+    tmp_path: Path, command: str, sig: signal.Signals, ignored: bool
+) -> None:
+    """`collect` and `view --otlp --out DIR` stop on SIGTERM / SIGINT with every span they
+    acknowledged stored, and say how many they stored; SIGINT too when the parent ignored
+    it (view --otlp ran on forever then, and its test waited out its timeout)."""
     out = tmp_path / "sig"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "chiptrace",
-            "collect",
-            "--listen",
-            "127.0.0.1:0",
-            "--out",
-            str(out),
-            "--flush-interval",
-            "60",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    line = proc.stdout.readline()
-    url = line.split()[3]
+    flags = ["--flush-interval", "60"] if command == "collect" else []
+    proc, url = start_collect(out, *flags, command=command, ignore_sigint=ignored)
     acked: list[int] = []
     stop = threading.Event()
 
@@ -297,17 +360,21 @@ def test_sigterm_keeps_every_acknowledged_span(tmp_path: Path) -> None:
     threads = [threading.Thread(target=client, args=(1 + k * 10_000_000,)) for k in range(3)]
     for t in threads:
         t.start()
-    while len(acked) < 1000:
+    deadline = time.monotonic() + 120
+    while len(acked) < 1000 and time.monotonic() < deadline:
         time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)  # drain stderr: a full pipe would block the collector
-    assert proc.returncode == 0, err[-2000:]
     stop.set()
     for t in threads:
         t.join(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
     ids = {int(k, 16) for k in stored(out)}
     assert set(acked) <= ids and len(acked) >= 1000
-    assert "stored" in err
+    assert stored_count_said(err) == len(ids)
+    # The writer says it has finished, so a viewer following the directory shows ENDED.
+    manifests = [json.loads(m.read_text()) for m in (out / "manifest").glob("*.json")]
+    assert manifests and all(m.get("ended_unix_ns") for m in manifests)
 
 
 def test_a_failing_callback_is_503_and_the_receiver_goes_on() -> None:
@@ -322,7 +389,7 @@ def test_a_failing_callback_is_503_and_the_receiver_goes_on() -> None:
         url = f"http://127.0.0.1:{r.http_port}/v1/traces"
         assert post(url, sample_request(2))[0] == 503
         assert post(url, sample_request(2))[0] == 200
-    assert calls == [2, 2] and r.stats.errors == 1 and r.stats.spans == 2
+    assert calls == [2, 2] and r.stats.refused == 1 and r.stats.spans == 2
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -332,4 +399,14 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "unknown key 'planet'" in capsys.readouterr().err
     assert main(["collect", "--out", str(tmp_path / "x"), "--listen", "127.0.0.1:99999"]) == 2
     assert "--listen '127.0.0.1:99999'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    for flags, said in (
+        (["--max-memory-mb", "100"], "--max-memory-mb 100: expected at least 384"),
+        (["--flush-spans", "0"], "--flush-spans 0: expected a positive number"),
+        (["--read-timeout", "-1"], "--read-timeout -1.0: expected a positive number"),
+        (["--listen", "none"], "--listen none without --grpc: nothing to receive on"),
+    ):
+        assert main(["collect", "--out", str(tmp_path / "x"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()

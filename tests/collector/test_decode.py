@@ -13,8 +13,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 import chiptrace
 from chiptrace._otel import span_attributes
 from chiptrace.collector.decode import DecodeError, decode, decode_any_value
-from chiptrace.collector.wire import Caches, SpanReader
-from chiptrace.schema import COLUMNS
+from chiptrace.collector.wire import MAX_CACHED_BYTES, Caches, SpanReader
+from chiptrace.schema import COLUMNS, chip_type_of
 from tests.collector.test_collect import sample_request
 
 
@@ -33,10 +33,19 @@ def _reference(body: bytes) -> dict[bytes, dict]:
                     "end": sp.end_time_unix_nano,
                     "status": (sp.status.code, sp.status.message or None),
                     "scope": ss.scope.name,
-                    "attributes": {kv.key: decode_any_value(kv.value) for kv in sp.attributes},
+                    "attributes": _with_chip_type(
+                        {kv.key: decode_any_value(kv.value) for kv in sp.attributes}
+                    ),
                     "events": [(e.name, e.time_unix_nano) for e in sp.events],
                 }
     return out
+
+
+def _with_chip_type(attrs: dict) -> dict:
+    """What the collector stores: a chip.id without a chip.type gets the type it names."""
+    if "chip.type" not in attrs and chip_type_of(attrs.get("chip.id")):
+        attrs["chip.type"] = chip_type_of(attrs["chip.id"])
+    return attrs
 
 
 def _check(body: bytes) -> pa.RecordBatch:
@@ -167,3 +176,51 @@ def _len(b: bytes) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def _with_attribute(first: int, value: str) -> bytes:
+    req = ExportTraceServiceRequest.FromString(sample_request(2, first))
+    for span in req.resource_spans[0].scope_spans[0].spans:
+        kv = span.attributes.add()
+        kv.key, kv.value.string_value = "note", value
+    return req.SerializeToString()
+
+
+def test_caches_are_bounded_in_bytes_and_keep_no_large_value() -> None:
+    caches = Caches(max_bytes=64 << 10)
+    for i in range(300):  # unique 1 kB values: 300 kB of them
+        SpanReader(caches).read_request(_with_attribute(1 + 2 * i, f"{i:04d}" * 256))
+        assert caches.nbytes <= 64 << 10
+    caches = Caches()
+    reader = SpanReader(caches)
+    reader.read_request(_with_attribute(1, "y" * (MAX_CACHED_BYTES + 1)))
+    assert json.loads(reader.columns()["attributes"][0])["note"] == "y" * (MAX_CACHED_BYTES + 1)
+    kept = [*caches.kv, *caches.tails, *(b"".join(k) for k in caches.attrs)]
+    assert kept and all(len(k) <= MAX_CACHED_BYTES for k in kept)
+
+
+def test_chip_type_is_derived_from_chip_id_or_kept_as_sent() -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest as Req,
+    )
+
+    cases = [
+        ({"chip.id": "node1/npu:3"}, ("node1/npu:3", "npu"), {}),
+        ({"chip.id": "tpu:0"}, ("tpu:0", None), {}),  # names no known type: NULL
+        ({"chip.id": "gpu:1", "chip.type": "gpu"}, ("gpu:1", "gpu"), {}),
+        ({"chip.id": "x:1", "chip.type": "tpu"}, ("x:1", None), {"chip.type": "tpu"}),
+        ({"chip.id": "gpu:2", "chip.type": "tpu"}, ("gpu:2", None), {"chip.type": "tpu"}),
+    ]
+    for attrs, columns, generic in cases:
+        req = Req.FromString(sample_request(1, 1))
+        span = req.resource_spans[0].scope_spans[0].spans[0]
+        del span.attributes[:]
+        for key, value in attrs.items():
+            kv = span.attributes.add()
+            kv.key, kv.value.string_value = key, value
+        (row,) = decode(req.SerializeToString()).batch.to_pylist()
+        assert (row["chip_id"], row["chip_type"]) == columns, attrs
+        assert json.loads(row["attributes"] or "{}") == generic, attrs
+        assert span_attributes(row) == attrs | (
+            {"chip.type": columns[1]} if columns[1] and "chip.type" not in attrs else {}
+        )

@@ -76,14 +76,49 @@ def test_span_tree_chip_ops_transfers_and_links(tmp_path):
         ).fetchall()[0][0]
         == 0
     )
-    # Every forward pass's first layer links to the host-to-device copy that fed it.
+    # Every forward pass's first layer links to the host-to-device copy that fed it (in the
+    # trace of the step it was prefetched in).
     rows = con.sql("SELECT s.links, s.trace_id FROM spans s WHERE s.name = 'fwd.0'").fetchall()
     assert len(rows) == 16
-    for links, trace in rows:
+    for links, _ in rows:
         (target,) = json.loads(links)
-        assert target["trace_id"] == trace
-        name = con.sql(f"SELECT name FROM spans WHERE span_id = '{target['span_id']}'").fetchall()
+        name = con.sql(
+            f"SELECT name FROM spans WHERE span_id = '{target['span_id']}' "
+            f"AND trace_id = '{target['trace_id']}'"
+        ).fetchall()
         assert name == [("h2d",)]
+
+
+def test_prefetched_input_sits_in_the_step_it_runs_in(tmp_path):
+    r = emulate(steps=3, seed=1, out=tmp_path / "t", progress=False)
+    con = connect(r.out)
+    early = con.sql(
+        "SELECT count(*) FROM spans c JOIN spans p "
+        "ON c.trace_id = p.trace_id AND c.parent_span_id = p.span_id WHERE c.start_ns < p.start_ns"
+    ).fetchall()[0][0]
+    assert early == 0  # no child before its parent
+    # A trace lasts as long as its step (Jaeger's trace duration is the root's).
+    for trace_ns, root_ns in con.sql(
+        "SELECT max(s.end_ns) - min(s.start_ns), any_value(r.duration_ns) FROM spans s "
+        "JOIN spans r ON r.trace_id = s.trace_id AND r.parent_span_id IS NULL GROUP BY s.trace_id"
+    ).fetchall():
+        assert trace_ns <= root_ns
+    # Step s's input runs during step s-1, under its root, linked to step s's root.
+    rows = con.sql(
+        "SELECT i.links, i.attributes, r.attributes FROM spans i JOIN spans r "
+        "ON r.span_id = i.parent_span_id WHERE i.name = 'input' AND i.links IS NOT NULL "
+        "ORDER BY i.start_ns"
+    ).fetchall()
+    assert len(rows) == 2
+    for links, attrs, parent_attrs in rows:
+        step = json.loads(attrs)["train.for_step"]
+        assert json.loads(parent_attrs)["train.step"] == step - 1
+        (lk,) = json.loads(links)
+        target = con.sql(
+            f"SELECT name, attributes FROM spans WHERE span_id = '{lk['span_id']}' "
+            f"AND trace_id = '{lk['trace_id']}'"
+        ).fetchall()
+        assert target[0][0] == "train_step" and json.loads(target[0][1])["train.step"] == step
 
 
 def test_down_link_reroutes_and_is_recorded(tmp_path):

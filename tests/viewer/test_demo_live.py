@@ -26,7 +26,12 @@ def test_demo_on_a_terminal_runs_the_viewer(
                     if self.model.spans_total == seen.get("last"):
                         break
                     seen["last"] = self.model.spans_total
-            self.refresh_dashboard()
+            for _ in range(200):  # the run is over: the status line says so
+                self.refresh_dashboard()
+                if self.state == "ENDED":
+                    break
+                await pilot.pause(0.05)
+            seen["state"] = self.state
             seen["gpus"] = len(self.snapshot.chips["gpu"])
             seen["spans"] = self.model.spans_total
             self.exit()
@@ -37,7 +42,7 @@ def test_demo_on_a_terminal_runs_the_viewer(
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     out = tmp_path / "demo"
     assert main(["demo", "--seconds", "0.3", "--out", str(out)]) == 0
-    assert seen["gpus"] == 8 and seen["spans"] > 0
+    assert seen["gpus"] == 8 and seen["spans"] > 0 and seen["state"] == "ENDED"
     assert "chiptrace view" in capsys.readouterr().out
 
 

@@ -37,11 +37,15 @@ class Dashboard(Vertical):
         self._alerts = self.query_one(AlertPanel)
         self._slowest = self.query_one(SlowOpsPanel)
 
-    def show(self, snap: Snapshot, alerts: list[Alert], source: str, paused: bool) -> None:
-        """Redraw every panel from one snapshot (a no-op until the panels are mounted)."""
+    def show(self, snap: Snapshot, alerts: list[Alert], source: str, state: str) -> None:
+        """Redraw every panel from one snapshot (a no-op until the panels are mounted).
+
+        Args:
+            state: LIVE, ENDED or PAUSED, for the status line.
+        """
         if not hasattr(self, "_status"):
             return
-        self._status.show(snap, source, paused)
+        self._status.show(snap, source, state)
         for panel in self._panels:
             panel.show(snap.chips.get(panel.chip_type, []))
         self._links.show(snap.links)

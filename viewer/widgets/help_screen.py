@@ -11,14 +11,14 @@ from textual.widgets import Static
 HELP = """\
 [b]chiptrace view[/] — live load across the rack's chips and links
 
-[b]Everywhere[/]
+[b]Everywhere[/] (the footer shows the keys that work where you are)
   [b]?[/]        this help              [b]q[/]  quit
   [b]d e s[/]    dashboard · explorer · SQL console
-  [b]p[/]        pause / resume the live feed (ingest keeps counting)
-  [b]+ -[/]      zoom the dashboard's time window in / out
   [b]t[/]        toggle dark / light theme
 
 [b]Dashboard[/]
+  [b]p[/] pause / resume the screen (ingest keeps counting) · [b]+ -[/] zoom the time window
+  status: LIVE, ENDED (the source stopped, all of it shown) or PAUSED
   bars: utilization over the window · sparklines: the windows before it
   links: throughput and % of bandwidth (topology), or busy % (marked b)
   alerts: saturated links, idle GPUs, stragglers, dropped spans
@@ -28,7 +28,7 @@ HELP = """\
   [b]↑ ↓ PgUp PgDn[/] select a span · [b][ ][/] zoom time · [b]c[/] next ◆ critical span
 
 [b]SQL console[/]
-  [b]enter[/] runs · [b]↑ ↓[/] history · views: spans, chips, links, runs
+  [b]enter[/] runs · [b]↑ ↓[/] history · [b]escape[/] hands the keys back · views: spans, chips, links, runs
 
 [$text-muted]escape or ? to close[/]"""
 

@@ -23,7 +23,7 @@ class SqlInput(Input):
     BINDINGS = [
         Binding("up", "history(-1)", "Older", show=False),
         Binding("down", "history(1)", "Newer", show=False),
-        Binding("escape", "leave", "Leave", show=False),
+        Binding("escape", "leave", "Keys"),  # the app's letter keys work again
     ]
 
     def __init__(self, **kwargs: object) -> None:

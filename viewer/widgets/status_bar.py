@@ -1,4 +1,4 @@
-"""One line of ingest figures: source, window, spans/s, stored, dropped, paused."""
+"""One line of ingest figures: state (LIVE, ENDED, PAUSED), source, window, spans/s, dropped."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ from chiptrace.viewer.model import Snapshot
 from chiptrace.viewer.render import human_count, human_ns
 from chiptrace.viewer.widgets.panel import Panel
 
+_COLORS = {"LIVE": "$success", "PAUSED": "$warning", "ENDED": "$text-muted"}
+
 
 class StatusBar(Panel):
     """The dashboard's top line."""
 
-    def show(self, snap: Snapshot, source: str, paused: bool) -> None:
-        state = "[b $warning]PAUSED[/] " if paused else "[b $success]LIVE[/] "
+    def show(self, snap: Snapshot, source: str, state: str) -> None:
+        """Draw the line; `state` is LIVE, ENDED (the sources stopped) or PAUSED."""
+        color = _COLORS.get(state, "$text")
+        state = f"[b {color}]{escape(state)}[/] "
         dropped = f"[b $error]{snap.dropped:,}[/]" if snap.dropped else "0"
         self.set_text(
             f"{state}{escape(source[-28:])}  window {human_ns(snap.window_ns)}  "

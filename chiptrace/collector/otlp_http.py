@@ -1,0 +1,289 @@
+"""OTLP/HTTP transport: the server, request bodies, and what each failure is answered with.
+
+Every real client is served: bodies with a Content-Length or chunked (the OpenTelemetry JS
+SDK streams its protobuf body with Transfer-Encoding: chunked), plain or gzip; a listen
+backlog deep enough for hundreds of clients connecting at once; at most `max_connections`
+open at a time (more get 503 and are closed). A connection that sends nothing for
+`read_timeout_s` (a stalled client, a body shorter than its Content-Length) is closed, so
+stalled clients cannot hold threads forever. Bodies are read into a memory reservation
+(budget.Reservation), so many large requests at once wait or are refused rather than
+growing the process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import zlib
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from chiptrace.collector.budget import BudgetExhausted, Reservation
+
+if TYPE_CHECKING:
+    from chiptrace.collector.receiver import OtlpReceiver
+
+log = logging.getLogger("chiptrace")
+
+TRACES_PATH = "/v1/traces"
+_DRAIN_MAX = 256 << 20  # beyond this, an oversized body is not read: the connection closes
+_PROTOBUF = ("application/x-protobuf", "application/protobuf")
+_JSON = ("application/json",)
+_INFLATE_STEP = 1 << 20
+_MAX_CHUNK_LINE = 1024
+_MAX_TRAILERS = 64
+
+
+class RequestError(Exception):
+    """A request to answer with `status` and a one-line reason (and Retry-After on 503)."""
+
+    def __init__(
+        self, status: int, reason: str, retry_after_s: int | None = None, close: bool = False
+    ) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.close = close
+
+
+def _inflate(body: bytes, limit: int, grow: Callable[[int], None]) -> bytes:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out: list[bytes] = []
+    total = 0
+    data = body
+    try:
+        while data and not inflater.eof:
+            chunk = inflater.decompress(data, _INFLATE_STEP)
+            data = inflater.unconsumed_tail
+            total += len(chunk)
+            if total > limit:
+                raise RequestError(413, f"request inflates past the {limit}-byte limit")
+            grow(len(chunk))
+            out.append(chunk)
+    except zlib.error as e:
+        raise RequestError(400, f"bad gzip body: {e}") from None
+    if not inflater.eof:
+        raise RequestError(400, "truncated gzip body")
+    return b"".join(out)
+
+
+def _read_chunked(rfile: Any, limit: int, grow: Callable[[int], None]) -> bytes:
+    """A `Transfer-Encoding: chunked` body (RFC 9112 section 7.1), trailers dropped."""
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        line = rfile.readline(_MAX_CHUNK_LINE)
+        if not line.endswith(b"\n"):
+            raise RequestError(400, "truncated chunked body", close=True)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise RequestError(400, f"bad chunk size line {line[:40]!r}", close=True) from None
+        if size < 0:
+            raise RequestError(400, f"bad chunk size line {line[:40]!r}", close=True)
+        if size == 0:
+            break
+        total += size
+        if total > limit:
+            raise RequestError(413, f"chunked request over the {limit}-byte limit", close=True)
+        grow(size)
+        data = rfile.read(size)
+        if len(data) < size or rfile.readline(_MAX_CHUNK_LINE) not in (b"\r\n", b"\n"):
+            raise RequestError(400, "truncated chunked body", close=True)
+        parts.append(data)
+    for _ in range(_MAX_TRAILERS):
+        if rfile.readline(_MAX_CHUNK_LINE) in (b"\r\n", b"\n", b""):
+            break
+    return b"".join(parts)
+
+
+def read_body(
+    headers: Any, rfile: Any, limit: int, reservation: Reservation | None = None
+) -> bytes:
+    """The request body, de-chunked and decompressed, within `limit` bytes; the bytes are
+    reserved in `reservation` before they are read.
+
+    Raises:
+        RequestError: 411 without a length or chunked encoding, 413 over the limit, 415 an
+            unknown encoding, 400 a truncated or broken body, 503 no memory to read it.
+        TimeoutError: the client stopped sending for the socket's timeout.
+    """
+    grow = reservation.grow if reservation is not None else (lambda n: None)
+    try:
+        body = _read_raw(headers, rfile, limit, grow)
+        encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
+        if encoding == "gzip":
+            return _inflate(body, limit, grow)
+        if encoding != "identity":
+            raise RequestError(
+                415, f"Content-Encoding {encoding!r} not supported; use gzip or none"
+            )
+        return body
+    except BudgetExhausted as e:
+        raise RequestError(503, str(e), retry_after_s=1, close=True) from None
+
+
+def _read_raw(headers: Any, rfile: Any, limit: int, grow: Callable[[int], None]) -> bytes:
+    transfer = (headers.get("Transfer-Encoding") or "").strip().lower()
+    if transfer:
+        if transfer != "chunked":
+            raise RequestError(
+                411, f"Transfer-Encoding {transfer!r} not supported; use chunked", close=True
+            )
+        return _read_chunked(rfile, limit, grow)
+    raw_len = headers.get("Content-Length")
+    if raw_len is None or not raw_len.strip().isdigit():
+        raise RequestError(411, "Content-Length or chunked encoding required", close=True)
+    n = int(raw_len)
+    if n > limit:
+        if n <= _DRAIN_MAX:  # read and drop it, so the client gets to read our answer
+            while n > 0 and (chunk := rfile.read(min(n, 1 << 20))):
+                n -= len(chunk)
+        raise RequestError(
+            413, f"request of {raw_len} bytes is over the {limit}-byte limit", close=True
+        )
+    grow(n)
+    body = rfile.read(n)
+    if len(body) < n:
+        raise RequestError(400, f"truncated body: {len(body)} of {n} bytes", close=True)
+    return body
+
+
+class OtlpHttpServer(ThreadingHTTPServer):
+    """A thread per connection, a deep listen backlog, and at most `max_connections`."""
+
+    daemon_threads = True
+    # The kernel caps this at net.core.somaxconn (4096 on current Linux); the default of
+    # 5 reset 143 of 200 clients connecting at once.
+    request_queue_size = 1024
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        max_connections: int,
+    ) -> None:
+        self.max_connections = max_connections
+        self.connections = 0
+        self._count_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count_lock:
+            full = self.connections >= self.max_connections
+            if not full:
+                self.connections += 1
+        if full:
+            _refuse(request)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._closed()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._closed()
+
+    def _closed(self) -> None:
+        with self._count_lock:
+            self.connections -= 1
+
+
+def _refuse(sock: socket.socket) -> None:
+    body = b"too many connections\n"
+    try:
+        sock.setblocking(False)
+        sock.send(
+            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+            b"Content-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+    except OSError:
+        pass
+
+
+def handler_class(receiver: OtlpReceiver, read_timeout_s: float) -> type[BaseHTTPRequestHandler]:
+    """The request handler of `receiver`'s HTTP server."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "chiptrace-collect"
+        timeout = read_timeout_s  # every read, including the wait for a next request
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _reply(
+            self,
+            status: int,
+            body: bytes,
+            ctype: str = "text/plain; charset=utf-8",
+            retry_after_s: int | None = None,
+        ) -> None:
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                if retry_after_s is not None:
+                    self.send_header("Retry-After", str(retry_after_s))
+                if self.close_connection:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(body)
+                self.wfile.flush()
+            except OSError:  # the client left; nothing to tell it
+                self.close_connection = True
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            try:
+                self._post()
+            except RequestError as e:
+                receiver.stats.fail(e.status)
+                if e.close:
+                    self.close_connection = True  # the unread body would poison the next request
+                self._reply(e.status, (str(e) + "\n").encode(), retry_after_s=e.retry_after_s)
+            except TimeoutError:
+                receiver.stats.fail(408)
+                self.close_connection = True
+                self._reply(408, b"the request body stopped arriving\n")
+            except OSError:  # the client went away mid-request
+                receiver.stats.fail(400)
+                self.close_connection = True
+            except Exception:  # noqa: BLE001 - a bug here must cost one request, not the server
+                log.exception("chiptrace: OTLP request failed")
+                receiver.stats.fail(500)
+                self.close_connection = True
+                self._reply(500, b"internal error\n")
+
+        def _post(self) -> None:
+            if self.path.split("?", 1)[0] != TRACES_PATH:
+                raise RequestError(404, f"POST OTLP traces to {TRACES_PATH}", close=True)
+            ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+            if ctype not in _PROTOBUF + _JSON:
+                raise RequestError(
+                    415,
+                    f"Content-Type {ctype!r}: expected application/x-protobuf or application/json",
+                    close=True,
+                )
+            with receiver.budget.reservation() as reservation:
+                body = read_body(self.headers, self.rfile, receiver.max_request_bytes, reservation)
+                decoded = receiver.handle(body, ctype, reservation)
+            if ctype in _JSON:
+                doc: dict[str, Any] = {}
+                if decoded.message:
+                    partial: dict[str, Any] = {"errorMessage": decoded.message}
+                    if decoded.rejected:
+                        partial["rejectedSpans"] = str(decoded.rejected)  # int64: a JSON string
+                    doc["partialSuccess"] = partial
+                self._reply(200, json.dumps(doc).encode(), "application/json")
+            else:
+                self._reply(200, receiver.response(decoded), "application/x-protobuf")
+
+    return Handler
