@@ -80,12 +80,7 @@ def run_import(
             pool.close()  # the workers' memory goes before the second pass
         asm = Assembler(staging, seed, align)
         asm.finish(pending)
-        summary = ImportSummary(out=str(out), workers=n_workers)
-        summary.files = [_file_summary(f) for f in facts]
-        summary.spans = sum(f.spans for f in facts)
-        summary.offsets_ns = {
-            p.facts.path: asm.offsets.get(p.no, 0) for p in pending if asm.offsets.get(p.no)
-        }
+        summary = _summary(out, facts, pending, asm.offsets, n_workers)
         staging.commit(
             spans_skipped=summary.skipped,
             run_id=seed[:8].hex(),
@@ -118,6 +113,20 @@ def _read_events(
             frac = min(reader.stream.bytes_read / max(size * 8, 1), 0.95)
             progress(done + int(size * frac), total)
     return pending
+
+
+def _summary(
+    out: Path,
+    facts: list[FileFacts],
+    pending: list[Pending],
+    offsets: dict[int, int],
+    workers: int,
+) -> ImportSummary:
+    summary = ImportSummary(out=str(out), workers=workers)
+    summary.files = [_file_summary(f) for f in facts]
+    summary.spans = sum(f.spans for f in facts)
+    summary.offsets_ns = {p.facts.path: offsets[p.no] for p in pending if offsets.get(p.no)}
+    return summary
 
 
 def _file_summary(f: FileFacts) -> dict[str, Any]:
