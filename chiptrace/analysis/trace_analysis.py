@@ -18,6 +18,7 @@ from chiptrace.analysis import rules_roofline as rr
 from chiptrace.analysis import rules_run as rn
 from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
+from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.steps import Step, load_steps, pick_steps
@@ -236,7 +237,10 @@ class TraceAnalysis:
         """Headline figures (metrics.METRIC_KEYS): the first workload's step p50/p99 and
         communication share, and the run's utilization per chip type, MFU, dropped spans."""
         x = self.inputs[0]
-        return _metrics.headline(x, self.workload_metrics(x))
+        out = _metrics.headline(x, self.workload_metrics(x))
+        # Per-rank GPU time breakdown as HolisticTraceAnalysis defines it (analysis/ranks.py).
+        out["ranks"] = rank_breakdown(self.con, self.since_ns, self.until_ns)
+        return out
 
     def utilization(self, window_ms: float) -> pa.Table:
         """Busy fraction per chip per time window (the `utilization` macro)."""
