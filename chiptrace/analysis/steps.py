@@ -106,7 +106,9 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
         return []
     sel = steps.take(pa.array(list(rows))).to_pylist()
     lo = min(r["start_ns"] for r in sel)
-    hi = max(r["end_ns"] for r in sel)
+    # Device work a step launched may run after its host span ends (a GPU behind a CPU that
+    # queued ahead): read up to two step lengths past the last root's end.
+    hi = max(r["end_ns"] for r in sel) + 2 * max(r["end_ns"] - r["start_ns"] for r in sel)
     ids = ", ".join(f"unhex('{t}')" for t in sorted({r["trace_id"] for r in sel}))
     cols = ", ".join(f"{expr} AS {alias}" for expr, alias in _COLUMNS)
     result = con.sql(
