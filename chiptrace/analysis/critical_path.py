@@ -270,8 +270,11 @@ def _segment(s: _Span, on_path: int, via: str) -> PathSegment:
     )
 
 
-def _gap(name: str, start: int, end: int) -> PathSegment:
-    return PathSegment(name=name, start_ns=start, end_ns=end, on_path_ns=end - start, via="gap")
+GAP = "(gap)"  # the name of untraced stretches of a path
+
+
+def _gap(start: int, end: int) -> PathSegment:
+    return PathSegment(name=GAP, start_ns=start, end_ns=end, on_path_ns=end - start, via="gap")
 
 
 def critical_path(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> CriticalPath:
@@ -304,7 +307,7 @@ def critical_path(rows: Iterable[Mapping[str, Any]], root_id: str | None = None)
         seen.add(cur.id)
         top = min(cur.end, t)
         if t > top:
-            segs.append(_gap(root_name, top, t))
+            segs.append(_gap(top, t))
         dev = g.waited_for(cur, top)
         if dev is not None and dev.id not in seen:
             # The host call blocked on the device: its tail is the call, the rest the device's.
@@ -317,9 +320,9 @@ def critical_path(rows: Iterable[Mapping[str, Any]], root_id: str | None = None)
         t = low
         cur, via = g.predecessor(cur)
     if t > root.start:
-        segs.append(_gap(root_name, root.start, t))
+        segs.append(_gap(root.start, t))
     segs.reverse()
-    return CriticalPath(trace_id, root_name, root.start, g.end, tuple(segs))
+    return CriticalPath(trace_id, root_name, root.start, g.end, tuple(segs), root.end)
 
 
 def _last_work(g: _Graph) -> _Span:
