@@ -107,12 +107,10 @@ def host_wait(cw: ChipWork) -> tuple[int, int, int]:
     wait"); else the chip idled with work queued (an event, another stream, another rank).
     """
     busy = cw.busy()
-    starts: dict[int, int | None] = {}
+    starts: dict[int, int] = {}  # the earliest known launch of the work starting at s
     for s, _e, k, _n, ls, _le in cw.ops:
-        if k in WORK_KINDS:
-            # the earliest launch among the work starting at s decides (any of it queued)
-            prev = starts.get(s, ls)
-            starts[s] = ls if prev is None or ls is None else min(prev, ls)
+        if k in WORK_KINDS and ls is not None:
+            starts[s] = min(starts.get(s, ls), ls)
     idle = hw = 0
     for (_a, b), (c, _d) in zip(busy, busy[1:], strict=False):
         idle += c - b

@@ -72,6 +72,10 @@ def exposed_comm(x: RuleInput) -> list[Finding]:
                 "worst_chip": worst,
                 "worst_exposed_ms_per_step": ms(exposed[worst]),
                 "exposed_ms_by_chip": {c: ms(v) for c, v in sorted(exposed.items())},
+                "overlap_pct_by_chip": {
+                    c: round(100 * (1 - exposed[c] / comm[c]), 2) if comm[c] else None
+                    for c in sorted(comm)
+                },
                 "chips": len(rows),
                 "steps_sampled": len(x.steps),
             },

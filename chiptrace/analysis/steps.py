@@ -106,15 +106,21 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
         return []
     sel = steps.take(pa.array(list(rows))).to_pylist()
     lo = min(r["start_ns"] for r in sel)
-    # Device work a step launched may run after its host span ends (a GPU behind a CPU that
-    # queued ahead): read up to two step lengths past the last root's end.
-    hi = max(r["end_ns"] for r in sel) + 2 * max(r["end_ns"] - r["start_ns"] for r in sel)
+    hi = max(r["end_ns"] for r in sel)
     ids = ", ".join(f"unhex('{t}')" for t in sorted({r["trace_id"] for r in sel}))
     cols = ", ".join(f"{expr} AS {alias}" for expr, alias in _COLUMNS)
     result = con.sql(
         f"SELECT {cols} FROM spans_raw WHERE start_ns >= {int(lo)} AND start_ns <= {int(hi)} "
         f"AND trace_id IN ({ids})"
     ).fetchall()
+    kind = [alias for _, alias in _COLUMNS].index("op_kind")
+    if any(r[kind] == "launch" for r in result):
+        # Device work a step launched may start after its host span ends (a GPU behind a
+        # CPU that queued ahead): only traces with launch calls pay for this second read.
+        result += con.sql(
+            f"SELECT {cols} FROM spans_raw WHERE start_ns > {int(hi)} AND trace_id IN ({ids}) "
+            f"AND links IS NOT NULL AND chip_type IN ('gpu', 'npu')"
+        ).fetchall()
     names = [alias for _, alias in _COLUMNS]
     by_trace: dict[str, list[dict[str, Any]]] = {}
     for row in result:
