@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chiptrace.analysis.ranks import KEPT_SQL
+from chiptrace.analysis.ranks import KEPT_SQL, kept_sql
 
 #: Runtime calls that queue device work (HTA's `get_runtime_launch_events_query`).
 LAUNCH_CALLS = (
@@ -92,12 +92,7 @@ def launch_queue(
         con: a `chiptrace.connect()` connection.
         since_ns, until_ns: only device events inside this Unix-ns range.
     """
-    cond = ""
-    if since_ns is not None:
-        cond += f" AND end_ns > {int(since_ns)}"
-    if until_ns is not None:
-        cond += f" AND start_ns < {int(until_ns)}"
-    sql = LAUNCH_SQL.replace("{range}", cond).format(
+    sql = kept_sql(LAUNCH_SQL, since_ns, until_ns).format(
         calls=_list(LAUNCH_CALLS), cats=_list(_WORK_CATS), kw=KERNEL_WAIT_US
     )
     out = []

@@ -101,6 +101,16 @@ FROM merged GROUP BY ALL ORDER BY rank, grp
 )
 
 
+def kept_sql(sql: str, since_ns: int | None, until_ns: int | None) -> str:
+    """`sql` (built on KEPT_SQL) with its device events limited to a Unix-ns range."""
+    cond = ""
+    if since_ns is not None:
+        cond += f" AND end_ns > {int(since_ns)}"
+    if until_ns is not None:
+        cond += f" AND start_ns < {int(until_ns)}"
+    return sql.replace("{range}", cond)
+
+
 def _pct(part: float, whole: float) -> float | None:
     return round(100.0 * part / whole, 2) if whole else None
 
@@ -116,12 +126,7 @@ def rank_breakdown(
         con: a `chiptrace.connect()` connection (it has `spans_raw`).
         since_ns, until_ns: only device events inside this Unix-ns range.
     """
-    cond = ""
-    if since_ns is not None:
-        cond += f" AND end_ns > {int(since_ns)}"
-    if until_ns is not None:
-        cond += f" AND start_ns < {int(until_ns)}"
-    rows = con.execute(RANKS_SQL.replace("{range}", cond)).fetchall()
+    rows = con.execute(kept_sql(RANKS_SQL, since_ns, until_ns)).fetchall()
     by_rank: dict[int, dict[str, tuple[int, int, int]]] = {}
     for rank, grp, length, first, last, _ in rows:
         by_rank.setdefault(int(rank), {})[grp] = (int(length), int(first), int(last))
