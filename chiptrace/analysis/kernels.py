@@ -70,17 +70,19 @@ def kernel_breakdown(con: Any, lo: int, hi: int, top: int = TOP) -> dict[str, An
         "kernels": sum(int(v[0]) for v in kinds.values()),
         "time_ms": round(total / 1e6, 4),
         "by_kind": by_kind,
-        "top": [
-            {
-                "name": name,
-                "kind": kind,
-                "kernels": n,
-                "time_ms": round(ns / 1e6, 4),
-                "share": round(ns / total, 4),
-                "mean_us": round(ns / n / 1e3, 3),
-                "max_us": round(longest / 1e3, 3),
-                "chips": len(cs),
-            }
-            for (name, kind), (n, ns, longest, cs) in ranked
-        ],
+        "top": [_top_row(name, kind, v, total) for (name, kind), v in ranked],
+    }
+
+
+def _top_row(name: str, kind: str, v: list[Any], total: float) -> dict[str, Any]:
+    n, ns, longest, chips = v
+    return {
+        "name": name,
+        "kind": kind,
+        "kernels": n,
+        "time_ms": round(ns / 1e6, 4),
+        "share": round(ns / total, 4),
+        "mean_us": round(ns / n / 1e3, 3),
+        "max_us": round(longest / 1e3, 3),
+        "chips": len(chips),
     }

@@ -178,6 +178,11 @@ def _kernels_section(k: dict[str, Any]) -> list[str]:
     ]
 
 
+def _optional(title: str, rows: list[dict[str, Any]] | None) -> list[str]:
+    """A section shown only when it has rows (launch queues, endpoints)."""
+    return [f"<h2>{_e(title)}</h2>", _rows_table(rows, "")] if rows else []
+
+
 def _median_section(med: dict[str, Any] | None, cp: dict[str, Any] | None) -> list[str]:
     if not med or (cp and med["trace_id"] == cp["trace_id"]):
         return []
@@ -227,19 +232,12 @@ def render_html(d: dict[str, Any]) -> str:
         breakdown_svg(shares),
         *_median_section(d.get("critical_path_median"), cp),
         *_kernels_section(d.get("kernels") or {}),
-        *(
-            [
-                "<h2>Launch queue per rank and stream (HTA's definitions)</h2>",
-                _rows_table(d["launch"], ""),
-            ]
-            if d.get("launch")
-            else []
-        ),
+        *_optional("Launch queue per rank and stream (HTA's definitions)", d.get("launch")),
         "<h2>Chips</h2>",
         _rows_table(d.get("chips", []), "No chip-tagged spans."),
         "<h2>Links</h2>",
         _rows_table(d.get("links", []), "No link transfers."),
-        *(["<h2>Endpoints</h2>", _rows_table(d["endpoints"], "")] if d.get("endpoints") else []),
+        *_optional("Endpoints", d.get("endpoints")),
     ]
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
