@@ -157,14 +157,14 @@ def _kernels_section(k: dict[str, Any]) -> list[str]:
         return []
     rows = [
         "<table><tr><th>kernel</th><th>kind</th><th>count</th><th>ms</th><th>share</th>"
-        "<th>mean us</th><th>max us</th><th>chips</th></tr>"
+        "<th>mean us</th><th>chips</th></tr>"
     ]
     for r in k.get("top") or []:
         rows.append(
             f"<tr><td>{_name(r['name'])}</td><td>{_e(r['kind'])}</td>"
             + "".join(
                 f'<td class="n">{_e(r[c])}</td>'
-                for c in ("kernels", "time_ms", "share", "mean_us", "max_us", "chips")
+                for c in ("kernels", "time_ms", "share", "mean_us", "chips")
             )
             + "</tr>"
         )

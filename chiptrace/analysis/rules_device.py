@@ -17,6 +17,7 @@ from typing import Any
 from chiptrace.analysis.device_steps import comm_exposure, host_wait, step_device
 from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
+from chiptrace.analysis.tables import COMPUTE_TYPES
 
 EXPOSED = 0.03  # communication with no compute under it, 3% of a step
 HOST_WAIT = 0.05  # the GPU idle with an empty launch queue, 5% of a step
@@ -155,12 +156,18 @@ def launch_bound(x: RuleInput) -> list[Finding]:
     ]
 
 
+def _chip_comm(x: RuleInput) -> bool:
+    """Comm ops on GPU/NPU chips (collective kernels) in this workload: read off the
+    tables, so a trace without them pays no scan."""
+    return any(r["op_kind"] == "comm" and r["chip_type"] in COMPUTE_TYPES for r in x.chip_op_rows())
+
+
 def _collectives(x: RuleInput) -> list[tuple[str, list[tuple[str, int, int]]]]:
     """Per collective seen on every rank of a step: its trace, and (chip, start, end) of
     each rank's kernel. The k-th comm kernel of each chip in a step's trace, where every chip has one
     of the same name and they end together (a collective ends on all ranks at once;
     point-to-point sends end apart and are left out)."""
-    if x.con is None or x.tables.steps.num_rows == 0:
+    if x.con is None or x.tables.steps.num_rows < 2 or not _chip_comm(x):
         return []
     traces = sorted(set(x.tables.steps.column("trace_id").to_pylist()))[:256]
     ids = ", ".join(f"unhex('{t}')" for t in traces)

@@ -281,8 +281,9 @@ class TraceAnalysis:
                     "critical_path": slowest,
                 }
             )
+        metrics = self.metrics()
         return Report(
-            self.metrics(),
+            metrics,
             self.findings(),
             self.critical_path(),
             utilization_series(t),
@@ -292,8 +293,9 @@ class TraceAnalysis:
             median,
             workloads,
             self.endpoints,
-            kernel_breakdown(self.con, t.lo, t.hi) if t.spans else {},
-            launch_queue(self.con, self.since_ns, self.until_ns),
+            kernel_breakdown(t),
+            # HTA's launch queue needs its device events: none where metrics.ranks has none
+            launch_queue(self.con, self.since_ns, self.until_ns) if metrics["ranks"] else [],
         )
 
     def _range(self) -> str:

@@ -83,7 +83,7 @@ def test_kernel_sums_agree_with_hta(case, pair):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, per_kernel = ta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
-    ours = kernel_breakdown(chiptrace.connect(out), -(1 << 62), 1 << 62, top=10_000)
+    ours = kernel_breakdown(TraceAnalysis(out).tables, top=10_000)
     by_name: dict[str, float] = {}
     counts: dict[str, int] = {}
     for r in ours["top"]:
