@@ -23,7 +23,8 @@ _INFER_PREFIX = "infer_"
 @dataclass
 class MixedConfig(TrainConfig):
     """Training knobs (TrainConfig, with the host path and switch ops on) plus the
-    inference stream's knobs, prefixed `infer_` (see InferConfig)."""
+    inference stream's knobs, prefixed `infer_` (see InferConfig); `efficiency` applies
+    to both."""
 
     host_load_flops_per_byte: float = 200.0  # decode + tokenize on the host CPU
     switch_ops: bool = True
@@ -44,7 +45,7 @@ class MixedConfig(TrainConfig):
             for f in fields(self)
             if f.name.startswith(_INFER_PREFIX) and f.name[len(_INFER_PREFIX) :] in known
         }
-        return InferConfig(**kw)
+        return InferConfig(**kw, efficiency=self.efficiency)
 
     def check(self) -> None:
         super().check()
@@ -95,7 +96,7 @@ class Mixed:
             if self.pending is None:
                 if not inf.queue and inf.next_arrival >= end:
                     break
-                self.pending = inf._form_batch()
+                self.pending = inf.form_batch(self.batches)
             close, batch = self.pending
             device, start = inf.place(self.batches, close, batch)
             if start + _total(inf.costs(device, batch)) > end:

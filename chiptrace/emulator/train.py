@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass
 
 from chiptrace.emulator import collectives
 from chiptrace.emulator.context import Context
+from chiptrace.emulator.efficiency import Efficiency, check_mode
 from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.model import BYTES, resolve_precision
+from chiptrace.emulator.scheduler import balanced
 from chiptrace.emulator.train_step import run_step
 
 _ADAM_BYTES = 12.0  # fp32 master weights + two moments per parameter
@@ -34,7 +36,7 @@ class TrainConfig:
         1600.0  # gradient bucket size; small buckets make the all-reduce latency-bound
     )
     overlap: bool = True  # all-reduce buckets while backward still runs
-    allreduce: str = "ring"  # ring | tree
+    allreduce: str = "ring"  # ring | tree | auto (the faster for each bucket size, as NCCL)
     channels: int = 0  # collective channels; 0 = one per parallel switch plane
     optimizer: str = "gpu"  # gpu | cpu (ZeRO-offload style: gradients down, parameters up)
     input_mb: float = 64.0  # raw input per GPU per step, preprocessed on a DPU
@@ -46,6 +48,7 @@ class TrainConfig:
     switch_ops: bool = (
         False  # `forward` op spans on the switches the all-reduce crosses (fabric.py)
     )
+    efficiency: str = "preset"  # preset | ideal | a fraction (efficiency.py)
 
     @property
     def params_per_layer(self) -> float:
@@ -70,7 +73,10 @@ class TrainConfig:
                 f"workload host_load_flops_per_byte = {self.host_load_flops_per_byte!r}: expected a number >= 0"
             )
         if self.allreduce not in collectives.ALGORITHMS:
-            raise WorkloadError(f"workload allreduce = {self.allreduce!r}: expected ring or tree")
+            raise WorkloadError(
+                f"workload allreduce = {self.allreduce!r}: expected ring, tree or auto"
+            )
+        check_mode(self.efficiency)
         if self.optimizer not in ("gpu", "cpu"):
             raise WorkloadError(f"workload optimizer = {self.optimizer!r}: expected gpu or cpu")
 
@@ -111,12 +117,20 @@ class Training:
                 "lower layers, hidden or batch, or use a narrower precision"
             )
         self.memory_per_gpu = need
-        self.host = {g: self._nearest_cpu(g) for g in self.gpus}
-        # Static placement feeds each GPU from its nearest DPU (the one on its own host).
-        self.home_dpu = {g: ctx.network.nearest(g, self.dpus) or self.dpus[0] for g in self.gpus}
+        net = ctx.network
+        self.host: dict[str, str | None] = (
+            balanced(self.gpus, lambda g: net.nearest(g, self.cpus), self.cpus[0])
+            if self.cpus
+            else dict.fromkeys(self.gpus)
+        )
+        # Static placement feeds each GPU from its nearest DPU (the one on its own host),
+        # equally near ones dealt round robin.
+        self.home_dpu = balanced(self.gpus, lambda g: net.nearest(g, self.dpus), self.dpus[0])
         self.buckets = self._buckets()
         self.dpu_free = dict.fromkeys(self.dpus, 0.0)
-        self.plans: dict[float, list] = {}  # collective rounds per bucket size
+        self.plans: dict[float, collectives.Plan] = {}  # per bucket size
+        self.eff = Efficiency(cfg.efficiency)
+        self.comm_eff = self.eff.of(g0.efficiency, "comm", self.precision)
         self.t = 0.0  # end of the previous step
         # Optional host path and switch ops (imported here: both modules import train_step).
         from chiptrace.emulator.fabric import Fabric
@@ -127,9 +141,6 @@ class Training:
         self.prev_start = 0.0
         self.prev_trace: int | None = None  # the previous step's trace and root: where the
         self.prev_root = 0  # prefetched input of the next step is recorded
-
-    def _nearest_cpu(self, gpu: str) -> str | None:
-        return self.ctx.network.nearest(gpu, self.cpus) if self.cpus else None
 
     def _buckets(self) -> list[tuple[int, float]]:
         """Gradient buckets as (last layer whose gradients they hold, bytes): layers in
