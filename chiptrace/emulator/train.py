@@ -16,6 +16,7 @@ from chiptrace.emulator import collectives
 from chiptrace.emulator.context import Context
 from chiptrace.emulator.efficiency import Efficiency, check_mode
 from chiptrace.emulator.errors import WorkloadError
+from chiptrace.emulator.layered import ATTN_SHARE
 from chiptrace.emulator.model import BYTES, resolve_precision
 from chiptrace.emulator.scheduler import balanced
 from chiptrace.emulator.train_step import run_step
@@ -49,6 +50,8 @@ class TrainConfig:
         False  # `forward` op spans on the switches the all-reduce crosses (fabric.py)
     )
     efficiency: str = "preset"  # preset | ideal | a fraction (efficiency.py)
+    sharding: str = "ddp"  # ddp (replicated, all-reduce) | fsdp (ZeRO-3, layered.py)
+    moe: bool = False  # expert-parallel MLPs, one expert per GPU (layered.py)
 
     @property
     def params_per_layer(self) -> float:
@@ -77,6 +80,10 @@ class TrainConfig:
                 f"workload allreduce = {self.allreduce!r}: expected ring, tree or auto"
             )
         check_mode(self.efficiency)
+        if self.sharding not in ("ddp", "fsdp"):
+            raise WorkloadError(f"workload sharding = {self.sharding!r}: expected ddp or fsdp")
+        if self.sharding == "fsdp" and self.optimizer != "gpu":
+            raise WorkloadError("workload sharding = 'fsdp' needs optimizer = 'gpu'")
         if self.optimizer not in ("gpu", "cpu"):
             raise WorkloadError(f"workload optimizer = {self.optimizer!r}: expected gpu or cpu")
 
@@ -88,6 +95,8 @@ def memory_bytes(cfg: TrainConfig, precision: str, gpus: int) -> float:
     g = 4.0 if precision == "fp32" else 2.0
     states = _ADAM_BYTES if cfg.optimizer == "gpu" else 0.0
     acts = cfg.batch * cfg.seq * cfg.hidden * cfg.layers * _ACT_FACTOR * w
+    if cfg.sharding == "fsdp":  # a shard of everything, plus two layers gathered at a time
+        return cfg.params * (w + g + states) / gpus + 2 * cfg.params_per_layer * w + acts
     return cfg.params * (w + g + states) + acts
 
 
@@ -146,7 +155,10 @@ class Training:
         """Gradient buckets as (last layer whose gradients they hold, bytes): layers in
         backward order, cut every bucket_mb, as DDP's bucketing of parameter tensors does.
         Small buckets mean many collectives, each paying the ring's 2(n-1) latencies."""
-        per_layer = self.cfg.params_per_layer * self.grad_bytes
+        share = ATTN_SHARE if self.cfg.moe else 1.0  # experts' grads stay on their GPU
+        per_layer = self.cfg.params_per_layer * share * self.grad_bytes
+        if self.cfg.sharding == "fsdp":  # one reduce-scatter per layer
+            return [(layer, per_layer) for layer in reversed(range(self.cfg.layers))]
         cap = self.cfg.bucket_mb * 1e6
         out: list[tuple[int, float]] = []
         fill = 0.0

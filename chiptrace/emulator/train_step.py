@@ -75,8 +75,11 @@ def run_step(tr: Training, s: int, t0: float) -> float:
     prefetched = tr.cfg.prefetch and tr.prev_trace is not None
     in_trace = tr.prev_trace if prefetched else trace
     ready, h2d_ids = _input(tr, s, t0, in_trace, ph["input"], bounds)
-    _, bwd_end = _compute(tr, t0, ready, (in_trace, h2d_ids), trace, ph, bounds)
-    ar_end, last_bucket = _allreduce(tr, bwd_end, trace, ph["allreduce"], bounds)
+    if tr.cfg.sharding == "fsdp" or tr.cfg.moe:
+        ar_end, last_bucket = _layered(tr, t0, ready, (in_trace, h2d_ids), trace, ph, bounds)
+    else:
+        _, bwd_end = _compute(tr, t0, ready, (in_trace, h2d_ids), trace, ph, bounds)
+        ar_end, last_bucket = _allreduce(tr, bwd_end, trace, ph["allreduce"], bounds)
     end = _optimizer(tr, ar_end, trace, ph["optimizer"], bounds, last_bucket)
     if prefetched:
         a, b = bounds.pop("input")
@@ -202,6 +205,29 @@ def _compute(
     return fe, be  # be[:, j] is layer L-1-j
 
 
+def _layered(
+    tr: Training,
+    t0: float,
+    ready: np.ndarray,
+    h2d: tuple[int, np.ndarray],
+    trace: int,
+    ph: dict,
+    bounds: dict,
+) -> tuple[float, int]:
+    """FSDP or MoE (layered.py): forward and backward with their in-layer collectives,
+    then the gradients' reduce-scatters (FSDP) or the attention blocks' all-reduce (MoE)."""
+    from chiptrace.emulator.layered import Layered
+
+    run = Layered(tr, layer_work(tr.cfg, tr.precision, tr.eff.ideal), trace, ph)
+    delay = np.array([tr.ctx.delay.get(g, 0.0) for g in tr.gpus])
+    in_trace, h2d_ids = h2d
+    links = [[(in_trace, int(x))] for x in h2d_ids]
+    be = run.run(np.maximum(t0 + delay, ready), t0, links, bounds)
+    if run.fsdp:
+        return bounds["allreduce"][1], run.last
+    return _allreduce(tr, be, trace, ph["allreduce"], bounds)
+
+
 def _allreduce(
     tr: Training, bwd_end: np.ndarray, trace: int, parent: int, bounds: dict
 ) -> tuple[float, int]:
@@ -232,7 +258,7 @@ def _allreduce(
 def _optimizer(tr: Training, t: float, trace: int, parent: int, bounds: dict, after: int) -> float:
     """GPU Adam (linked to the last all-reduce bucket it waited on) or the CPU offload path."""
     ctx, cfg, tb = tr.ctx, tr.cfg, tr.ctx.table
-    P = cfg.params
+    P = cfg.params / (len(tr.gpus) if cfg.sharding == "fsdp" else 1)  # the rank's shard
     if cfg.optimizer == "gpu":
         chips = [ctx.topology.chips[g] for g in tr.gpus]
         st = t + np.array([0.0 for _ in chips])
