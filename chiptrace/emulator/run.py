@@ -60,12 +60,14 @@ class EmulationResult:
 def _workloads() -> dict[str, tuple[type, type]]:
     from chiptrace.emulator.infer import InferConfig, Inference
     from chiptrace.emulator.mixed import Mixed, MixedConfig
+    from chiptrace.emulator.replay import Replay, ReplayConfig
     from chiptrace.emulator.train import TrainConfig, Training
 
     return {
         "train": (TrainConfig, Training),
         "infer": (InferConfig, Inference),
         "mixed": (MixedConfig, Mixed),
+        "replay": (ReplayConfig, Replay),
     }
 
 
