@@ -19,8 +19,9 @@ a few array ops whatever the rank count.
 - all-to-all (expert parallelism): every rank sends S/n to every other at once:
   T = a + (n-1)/n S/B on one switch; each pair takes one switch plane, spread over the planes.
 
-`comm_eff` is the fraction of a link a collective's kernels drive (NCCL's protocol overhead,
-efficiency.py): a ceiling on each flow's rate, inside the max-min sharing.
+`eff` is the fraction of a link a collective's kernels drive (NCCL's protocol overhead,
+efficiency.py `comm`): the collective's flows share the links at that fraction of their
+bandwidth, max-min fairly as any transfers.
 """
 
 from __future__ import annotations
@@ -64,16 +65,12 @@ class Plan:
         return float(sum(r.period * r.repeat for r in self.rounds))
 
 
-def _ceiling(net: Network, dirs: np.ndarray, comm_eff: float) -> np.ndarray | None:
-    return None if comm_eff >= 1 else comm_eff * net.bottleneck(dirs)
-
-
 def _round(net: Network, routes: Sequence[Route], nbytes: float, repeat: int, eff: float) -> Round:
     """Flows that start together, timed by the fluid model."""
     dirs = net.dirs_of(routes)
     lat = np.array([r.latency_ns for r in routes], dtype=np.float64)
     size = np.full(len(routes), float(nbytes))
-    end = net.flows(dirs, size, lat, 0.0, _ceiling(net, dirs, eff))
+    end = net.flows(dirs, size, lat, 0.0, eff)
     return Round(dirs, size, np.zeros(len(routes)), end, float(end.max()), repeat)
 
 

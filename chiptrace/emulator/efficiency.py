@@ -11,9 +11,9 @@ op reaches, from published measurements (the presets cite theirs):
 Classes: `gemm` (matmuls: a layer's projections and MLP, prefill, decode), `attention`
 (the fused attention kernel), `elementwise` (norms, activations, residuals, input
 preprocessing: memory-bound), `optimizer` (the Adam update), `comm` (collective kernels:
-a ceiling on each collective flow's rate, inside max-min sharing; link transfer times
-are still latency + bytes / fair share). A class a chip does not declare runs at its
-roofline (1.0).
+the fraction of each link's bandwidth a collective's flows share, max-min fairly; other
+transfers see the whole link: latency + bytes / fair share). A class a chip does not
+declare runs at its roofline (1.0).
 
 The run's `efficiency` knob picks what is applied: `preset` (the figures declared, the
 default), `ideal` (every op at its roofline with the nominal work of the model, as before

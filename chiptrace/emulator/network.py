@@ -193,23 +193,20 @@ class Network:
             dirs[i, : len(r.dirs)] = r.dirs
         return dirs
 
-    def bottleneck(self, dirs: np.ndarray) -> np.ndarray:
-        """The narrowest bandwidth along each row of `dirs` (bytes/s)."""
-        bw = np.where(dirs >= 0, self.dir_bw[np.maximum(dirs, 0)], np.inf)
-        return bw.min(axis=1) if bw.shape[1] else np.full(len(dirs), np.inf)
-
     def flows(
         self,
         dirs: np.ndarray,
         nbytes: np.ndarray,
         latency: np.ndarray,
         starts: np.ndarray | float = 0.0,
-        ceiling: np.ndarray | None = None,
+        eff: float = 1.0,
     ) -> np.ndarray:
         """End times (ns) of transfers given as direction arrays: each waits its latency,
-        then moves its bytes at its max-min fair share (sharing.fluid_ends)."""
+        then moves its bytes at its max-min fair share (sharing.fluid_ends) of the links
+        at `eff` of their bandwidth (a collective's kernels drive that much of a link)."""
         ready = np.broadcast_to(np.asarray(starts, dtype=np.float64), len(nbytes)) + latency
-        return fluid_ends(dirs, np.asarray(nbytes, dtype=np.float64), ready, self.dir_bw, ceiling)
+        capacity = self.dir_bw if eff >= 1 else self.dir_bw * eff
+        return fluid_ends(dirs, np.asarray(nbytes, dtype=np.float64), ready, capacity)
 
     def fluid(
         self, starts: Sequence[float], routes: Sequence[Route], nbytes: Sequence[float]

@@ -99,7 +99,7 @@ def pipeline(
     phase: np.ndarray,
     depth: np.ndarray,
     per_flow: float,
-    ceiling_eff: float = 1.0,
+    eff: float = 1.0,
     chunk: float = CHUNK_BYTES,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """(dirs, start, end, period) of a pipelined tree's flows, each moving `per_flow`
@@ -112,7 +112,6 @@ def pipeline(
     lat = np.array([r.latency_ns for r in routes], dtype=np.float64)
     chunks = max(1, math.ceil(per_flow / chunk))
     piece = np.full(len(routes), per_flow / chunks)
-    ceiling = None if ceiling_eff >= 1 else ceiling_eff * net.bottleneck(dirs)
     a, top = float(lat.max()), int(depth.max())
     offset = np.where(phase == 0, top - depth, top + depth - 1)
     last = 2 * top + chunks - 1
@@ -121,8 +120,7 @@ def pipeline(
     tau = {0: 0.0}
     for s0, s1 in zip(breaks, breaks[1:], strict=False):
         on = (offset <= s0) & (s0 < offset + chunks)
-        cap = None if ceiling is None else ceiling[on]
-        beat = float(net.flows(dirs[on], piece[on], np.zeros(int(on.sum())), 0.0, cap).max())
+        beat = float(net.flows(dirs[on], piece[on], np.zeros(int(on.sum())), 0.0, eff).max())
         tau[s1] = tau[s0] + beat * (s1 - s0)
     at = np.vectorize(tau.__getitem__, otypes=[np.float64])
     start = at(offset) + offset * a
