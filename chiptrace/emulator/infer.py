@@ -2,8 +2,8 @@
 
 Requests arrive as a Poisson stream (seeded) with random prompt and output lengths. The
 batcher closes a batch when its prompts reach the token budget or its oldest request has
-waited `max_wait_ms`, and while no device is free for it, keeps filling it from the queue up
-to the budget. The schedule policy places each batch on a device: `static` deals
+waited `max_wait_ms`, and while every device is busy, keeps filling it from the queue up to
+the budget. The schedule policy places each batch on a device: `static` deals
 them round robin, `dynamic` picks the device that would finish it first. A batch copies its
 prompts in from a NIC, runs prefill (compute-bound, `prefill_precision`) and decode
 (memory-bound, `decode_precision`, one span per `decode_chunk` tokens), and copies the
@@ -137,15 +137,16 @@ class Inference:
             self.queue.append((self.next_arrival, p, o))
             self.next_arrival += float(rng.exponential(1e9 / cfg.rate))
 
-    def form_batch(self, i: int) -> tuple[float, list[tuple[float, int, int]]]:
-        """Requests of batch i and the time it closes. A batch opens with the oldest queued
-        request and closes when its prompts fill the token budget or that request has
-        waited `max_wait_ms`; but it cannot start before a device is free for it, and
-        until then it keeps taking queued requests up to the budget, as a serving batcher
-        draining its queue does: under load, batches fill the budget."""
+    def form_batch(self) -> tuple[float, list[tuple[float, int, int]]]:
+        """Requests of the next batch and the time it closes. A batch opens with the oldest
+        queued request and closes when its prompts fill the token budget or that request
+        has waited `max_wait_ms`; while every device is still busy it keeps taking queued
+        requests up to the budget, as a serving batcher draining its queue does: under
+        load, batches fill the budget. (Free of the device it will run on would let the
+        batch for a device that frees late drain the queue ahead of the others.)"""
         self._arrivals_until(self.queue[0][0] if self.queue else self.next_arrival)
         deadline = self.queue[0][0] + self.cfg.max_wait_ms * 1e6
-        limit = max(deadline, self.ready(i))
+        limit = max(deadline, self.ready())
         self._arrivals_until(limit)
         batch, tokens = [], 0
         while self.queue and self.queue[0][0] <= limit:
@@ -156,13 +157,9 @@ class Inference:
             tokens += req[1]
         return limit, batch
 
-    def ready(self, i: int) -> float:
-        """When a device can first take batch i: its round-robin device (static) or the
-        first device free (dynamic)."""
-        if self.ctx.schedule == "dynamic":
-            return min(self.free[d] + self.ctx.delay.get(d, 0.0) for d in self.devices)
-        d = self.devices[i % len(self.devices)]
-        return self.free[d] + self.ctx.delay.get(d, 0.0)
+    def ready(self) -> float:
+        """When the first device is free to take a batch."""
+        return min(self.free[d] + self.ctx.delay.get(d, 0.0) for d in self.devices)
 
     def costs(
         self, device: str, batch: list[tuple[float, int, int]]
@@ -193,7 +190,7 @@ class Inference:
 
     def step(self, i: int) -> float:
         """Form, place and emit batch i; returns when it finishes (virtual ns)."""
-        close, batch = self.form_batch(i)
+        close, batch = self.form_batch()
         return self.run_batch(i, close, batch)
 
     def place(self, i: int, close: float, batch: list[tuple[float, int, int]]) -> tuple[str, float]:

@@ -96,7 +96,7 @@ class Mixed:
             if self.pending is None:
                 if not inf.queue and inf.next_arrival >= end:
                     break
-                self.pending = inf.form_batch(self.batches)
+                self.pending = inf.form_batch()
             close, batch = self.pending
             device, start = inf.place(self.batches, close, batch)
             if start + _total(inf.costs(device, batch)) > end:
