@@ -23,7 +23,9 @@ DESCRIPTION = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--topology", default="rack6", help="preset (rack6, nvl72, pcie8) or a TOML path"
+        "--topology",
+        default="rack6",
+        help="preset (rack6, nvl72, pcie8, a100x8, h100x8) or a TOML path",
     )
     p.add_argument(
         "--workload", default="train", help="train, infer or mixed (train on GPUs + serve on NPUs)"

@@ -140,7 +140,7 @@ class Topology:
 
 
 def load_topology(name_or_path: str | Path) -> Topology:
-    """Load a preset by name (`rack6`, `nvl72`, `pcie8`) or a TOML file by path.
+    """Load a preset by name (see PRESETS) or a TOML file by path.
 
     Raises:
         TopologyError: unknown preset, unreadable file, or an invalid declaration.

@@ -137,7 +137,7 @@ class Training:
         self.home_dpu = balanced(self.gpus, lambda g: net.nearest(g, self.dpus), self.dpus[0])
         self.buckets = self._buckets()
         self.dpu_free = dict.fromkeys(self.dpus, 0.0)
-        self.plans: dict[float, collectives.Plan] = {}  # per bucket size
+        self.plans: dict[object, collectives.Plan] = {}  # per bucket size (and kind)
         self.eff = Efficiency(cfg.efficiency)
         self.comm_eff = self.eff.of(g0.efficiency, "comm", self.precision)
         self.t = 0.0  # end of the previous step
