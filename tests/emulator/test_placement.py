@@ -13,41 +13,27 @@ def _q(out, sql):
     return connect(out).sql(sql).fetchall()
 
 
-def test_saturated_batches_fill_the_token_budget(tmp_path):
-    # Two Gaudi 3s cannot keep up with 2,000 requests/s: the queue never empties, so every
-    # batch takes what fits in 16,384 prompt tokens (~32 requests of ~512), not only what
-    # arrived in the 5 ms after its first request (~11).
-    r = emulate(
-        workload="infer",
-        steps=60,
-        seed=1,
-        out=tmp_path / "i",
-        options={"devices": "npu"},
-        progress=False,
-    )
-    (mean, tokens) = _q(
+def _batches(out, steps: int, **options) -> tuple[float, int]:
+    """(mean requests a batch, most prompt tokens in one) of an inference run."""
+    r = emulate(workload="infer", steps=steps, seed=1, out=out, options=options, progress=False)
+    return _q(
         r.out,
         """SELECT avg(CAST(json_extract(attributes, '$."batch.requests"') AS DOUBLE)),
                   max(CAST(json_extract(attributes, '$."batch.prompt_tokens"') AS BIGINT))
            FROM spans WHERE name = 'batch'""",
     )[0]
+
+
+def test_saturated_batches_fill_the_token_budget(tmp_path):
+    # Two Gaudi 3s cannot keep up with 2,000 requests/s: the queue never empties, so every
+    # batch takes what fits in 16,384 prompt tokens (~32 requests of ~512), not only what
+    # arrived in the 5 ms after its first request (~11).
+    mean, tokens = _batches(tmp_path / "i", 60, devices="npu")
     assert mean > 28 and tokens <= 16384
 
 
 def test_a_batch_that_finds_a_device_free_closes_at_its_deadline(tmp_path):
-    r = emulate(
-        workload="infer",
-        steps=20,
-        seed=1,
-        out=tmp_path / "i",
-        options={"rate": 50, "devices": "gpu"},
-        progress=False,
-    )
-    (mean,) = _q(
-        r.out,
-        """SELECT avg(CAST(json_extract(attributes, '$."batch.requests"') AS DOUBLE))
-           FROM spans WHERE name = 'batch'""",
-    )[0]
+    mean, _ = _batches(tmp_path / "i", 20, rate=50, devices="gpu")
     assert mean < 2  # 50 requests/s, 5 ms wait: about one request a batch
 
 
