@@ -38,6 +38,14 @@ def connect(paths, **kwargs):  # type: ignore[no-untyped-def]
     return _connect(paths, **kwargs)
 
 
+def import_trace(paths, out, **kwargs):  # type: ignore[no-untyped-def]
+    """Import Kineto / Chrome / OTLP / Jaeger files into a trace dir; see
+    `chiptrace.importers.import_trace`. The importers (and msgspec) load on first use."""
+    from chiptrace.importers import import_trace as _import_trace
+
+    return _import_trace(paths, out, **kwargs)
+
+
 __all__ = [
     "__version__",
     "trace",
@@ -50,6 +58,7 @@ __all__ = [
     "current_span",
     "get_recorder",
     "connect",
+    "import_trace",
     "inject",
     "extract",
     "in_context",

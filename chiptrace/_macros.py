@@ -127,6 +127,23 @@ SELECT DISTINCT
 FROM l
 """
 
+# Device work and the call that launched it (an imported trace's `launch` links), with the
+# launch delay as HolisticTraceAnalysis defines it: device start minus the call's end.
+LAUNCHES = """
+CREATE OR REPLACE VIEW launches AS
+WITH d AS (
+    SELECT trace_id, span_id, name, chip_id, op_kind, start_ns, end_ns,
+           unhex(links->>'$[0].span_id') AS launch_id
+    FROM spans_raw
+    WHERE links IS NOT NULL AND links->>'$[0].attributes.kind' = 'launch')
+SELECT lower(hex(d.trace_id)) AS trace_id, lower(hex(d.span_id)) AS span_id, d.name,
+       d.chip_id, d.op_kind, d.start_ns, d.end_ns,
+       lower(hex(l.span_id)) AS launch_span_id, l.name AS launch_name,
+       l.chip_id AS launch_chip_id, l.start_ns AS launch_start_ns, l.end_ns AS launch_end_ns,
+       d.start_ns - l.end_ns AS launch_delay_ns
+FROM d JOIN spans_raw l ON l.span_id = d.launch_id
+"""
+
 LINK_THROUGHPUT = """
 CREATE OR REPLACE MACRO link_throughput(window_ms, since_ns := NULL, until_ns := NULL) AS TABLE
 WITH t AS (SELECT t0, t1, greatest(CAST(window_ms * 1e6 AS BIGINT), 1) AS w
@@ -164,6 +181,7 @@ ALL = (
     UTILIZATION_BY_TYPE,
     TOPOLOGY_LINKS,
     LINK_THROUGHPUT,
+    LAUNCHES,
 )
 
 

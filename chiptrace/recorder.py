@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import atexit
 import collections
+
+# pa.array() imports pandas, when installed, the first time it runs; when that is the exit
+# flush, pandas' own import of concurrent.futures.thread failed ("can't register atexit
+# after shutdown") and the last spans were dropped. Loaded here, it is there already.
+import concurrent.futures.thread  # noqa: F401
 import logging
 import os
 import re

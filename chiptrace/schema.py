@@ -34,7 +34,10 @@ LINK_TYPES = (
     "nvlink4",
     "nvlink3",
 )
-OP_KINDS = ("compute", "comm", "memcpy", "io", "idle", "host")
+# Appended, never reordered: the emulator encodes op kinds by their index here.
+# memset, launch and sync came with the importers: device memsets, the runtime calls that
+# launch device work (cudaLaunchKernel, hipMemcpyAsync, ...), and device synchronisations.
+OP_KINDS = ("compute", "comm", "memcpy", "io", "idle", "host", "memset", "launch", "sync")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "nvfp4", "int8")
 
 # OTLP numbering, so exporters and the collector pass these through untouched.

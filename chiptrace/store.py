@@ -41,7 +41,7 @@ PART_SUFFIX = ".parquet"
 # Emulator-like spans repeat names, chips and parents and carry near-sorted times, so
 # dictionary + delta encodings with zstd get them well under 32 bytes a span.
 _DELTA_COLUMNS = ("start_ns", "end_ns", "op_bytes", "op_flops")
-_WRITE_OPTIONS: dict[str, Any] = {
+SPAN_WRITE_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "compression_level": 3,
     "use_dictionary": [c for c in SPAN_SCHEMA.names if c not in _DELTA_COLUMNS],
@@ -109,7 +109,8 @@ class PartWriter:
         subdir: a partition path under spans/ (for hive-partitioned output).
         table: the folder parts go under: `spans` (default) or another table such as
             `metrics` (host samples); a non-span writer counts `rows_written` instead.
-        write_options: pyarrow.parquet.write_table options for a non-span table.
+        write_options: pyarrow.parquet.write_table options for a non-span table, or for
+            spans whose shape differs from recorded ones (imported traces).
     """
 
     def __init__(
@@ -124,7 +125,7 @@ class PartWriter:
         self.directory = Path(directory)
         self.writer_id = writer_id or new_writer_id()
         self.table = table
-        self._options = dict(write_options) if write_options is not None else _WRITE_OPTIONS
+        self._options = dict(write_options) if write_options is not None else SPAN_WRITE_OPTIONS
         self._seq = 0
         self._lock = threading.Lock()
         self.spans_written = 0
@@ -159,16 +160,19 @@ class PartWriter:
             ) from e
 
     def write(self, batch: pa.RecordBatch | pa.Table, partition: str | None = None) -> Path:
-        """Write one part; returns its path. Thread-safe."""
+        """Write one part; returns its path. Thread-safe: threads encode parts at once (the
+        encoding releases the GIL); the counters move when a part is in place."""
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         with self._lock:
             self._seq += 1
-            folder = self.directory / self.table
-            if partition:
-                folder = folder / partition
-                folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"part-{self.writer_id}-{self._seq:06d}{PART_SUFFIX}"
-            write_atomic(path, lambda tmp: pq.write_table(table, tmp, **self._options))
+            seq = self._seq
+        folder = self.directory / self.table
+        if partition:
+            folder = folder / partition
+            folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"part-{self.writer_id}-{seq:06d}{PART_SUFFIX}"
+        write_atomic(path, lambda tmp: pq.write_table(table, tmp, **self._options))
+        with self._lock:
             if self.table == SPANS_DIR:
                 self.spans_written += table.num_rows
             self.rows_written += table.num_rows

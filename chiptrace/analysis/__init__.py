@@ -2,17 +2,23 @@
 
 Shaped like HTA: the store is parsed once into small tables (`tables.load_tables`: DuckDB
 aggregates over the Parquet parts, built on the SQL macros of `chiptrace._macros`), then
-stateless functions turn tables into results (`rules_chips`, `rules_comm`, `metrics`,
-`critical_path`), behind one front door, `TraceAnalysis`. Nothing here draws: the report
-and the viewer render the plain dataclasses this package returns.
+stateless functions turn tables into results (`rules_chips`, `rules_roofline`,
+`rules_links`, `rules_comm`, `rules_run`, `metrics`, `critical_path`), behind one front
+door, `TraceAnalysis`. Nothing here draws: the report and the viewer render the plain
+dataclasses this package returns.
+
+A run may hold several workloads, one per step name (`workloads` guesses them, or
+`step_name="ProfilerStep#*"` names them): each is analysed on its own steps and the chips
+and links it uses, and the findings of all of them are ranked in one list.
 
 Whole run::
 
     from chiptrace.analysis import TraceAnalysis
     ta = TraceAnalysis("traces/run1")          # or a chiptrace.connect(...) connection
-    ta.findings()        # [Finding(rule, severity, culprit, evidence, suggestion, share)]
-    ta.metrics()         # {"step_ms_p50": ..., "utilization": {"gpu": ...}, "mfu": ...}
-    ta.critical_path()   # CriticalPath of the slowest step; .share("chip_type")
+    ta.findings()        # [Finding(rule, severity, culprit, evidence, suggestion, share,
+                         #          saving_ns, step)], the worst first over every workload
+    ta.metrics()         # {"step": ..., "step_ms_p50": ..., "utilization": {...}, "mfu": ...}
+    ta.critical_path()   # CriticalPath of the first workload's slowest step
     ta.utilization(10)   # Arrow table: busy fraction per chip per 10 ms window
     ta.report().to_dict()  # what `chiptrace report --json` prints
 
@@ -29,9 +35,10 @@ and step roots), far less on a live store of minutes. Findings are frozen datacl
 `Finding.key` (rule, culprit) across refreshes.
 
 Rules (RULES): straggler, load-imbalance, compute-bound / memory-bound (roofline),
-precision-opportunity, starvation, link-bound, latency-bound, poor-overlap, dropped-spans.
-Severity is high / medium / low / info, mostly from the share of step time at stake
-(>= 10% high, >= 3% medium).
+precision-opportunity, starvation, link-bound, link-down, latency-bound, poor-overlap,
+step-outliers, dropped-spans, host-contention, error-rate / tail-latency (docs/sql.md has
+the table). Each finding says what fixing it would save per step; severity is high /
+medium / low / info, mostly from that saving's share of the step (>= 10% high, >= 3% medium).
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ from __future__ import annotations
 from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.diff import diff_reports
 from chiptrace.analysis.model import SEVERITIES, CriticalPath, Finding, PathSegment, sort_findings
+from chiptrace.analysis.report import Report
 from chiptrace.analysis.topology import ChipSpec, LinkSpec, Topology, parse_topology
-from chiptrace.analysis.trace_analysis import RULES, Report, TraceAnalysis, analyze, run_rules
+from chiptrace.analysis.trace_analysis import RULES, TraceAnalysis, analyze, run_rules
 
 __all__ = [
     "TraceAnalysis",

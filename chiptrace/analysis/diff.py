@@ -46,8 +46,9 @@ def _metric_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, A
 
 
 def _finding_rows(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    ka = {(f["rule"], f["culprit"]): f for f in a}
-    kb = {(f["rule"], f["culprit"]): f for f in b}
+    # The same rule and culprit in two workloads (a chip serving both) are two findings.
+    ka = {(f["rule"], f["culprit"], f.get("step")): f for f in a}
+    kb = {(f["rule"], f["culprit"], f.get("step")): f for f in b}
     rows = []
     for key in list(ka) + [k for k in kb if k not in ka]:
         fa, fb = ka.get(key), kb.get(key)
@@ -65,11 +66,14 @@ def _finding_rows(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> lis
             {
                 "rule": key[0],
                 "culprit": key[1],
+                "step": key[2],
                 "status": status,
                 "a_severity": fa["severity"] if fa else None,
                 "b_severity": fb["severity"] if fb else None,
                 "a_share": fa.get("share") if fa else None,
                 "b_share": fb.get("share") if fb else None,
+                "a_saving_ms": fa.get("saving_ms") if fa else None,
+                "b_saving_ms": fb.get("saving_ms") if fb else None,
                 "suggestion": (fb or fa or {}).get("suggestion"),
             }
         )
@@ -83,8 +87,9 @@ def diff_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 
     Returns:
         ``{"a": sources, "b": sources, "metrics": [{metric, a, b, delta, ratio}],
-        "findings": [{rule, culprit, status, a_severity, b_severity, a_share, b_share,
-        suggestion}]}`` with status one of new, worse, resolved, better, same.
+        "findings": [{rule, culprit, step, status, a_severity, b_severity, a_share,
+        b_share, a_saving_ms, b_saving_ms, suggestion}]}`` with status one of new, worse,
+        resolved, better, same; findings match on (rule, culprit, step).
     """
     return {
         "a": a.get("sources", []),

@@ -11,9 +11,11 @@ from collections import defaultdict
 from typing import Any
 
 from chiptrace.analysis.model import CriticalPath
-from chiptrace.analysis.rules_chips import RuleInput
+from chiptrace.analysis.rule_input import RuleInput
+from chiptrace.analysis.tables import TraceTables
 
 METRIC_KEYS = (
+    "step",
     "spans",
     "spans_dropped",
     "wall_ms",
@@ -43,10 +45,10 @@ def percentile(values: list[float], q: float) -> float | None:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def step_durations(x: RuleInput) -> list[int]:
-    s = x.tables.steps
+def step_durations(t: TraceTables) -> list[int]:
+    s = t.steps
     return [
-        e - b
+        max(e - b, 0)
         for b, e in zip(
             s.column("start_ns").to_pylist(), s.column("end_ns").to_pylist(), strict=True
         )
@@ -72,7 +74,7 @@ def _mfu(x: RuleInput) -> tuple[float | None, float | None]:
     achieved = total / (t.wall_ns / 1e9) / 1e12 if total else None
     if not peak_sum:
         return None, achieved
-    return flops / (peak_sum * t.wall_ns / 1e9), achieved
+    return min(flops / (peak_sum * t.wall_ns / 1e9), 1.0), achieved
 
 
 def comm_share(paths: list[CriticalPath]) -> float | None:
@@ -88,34 +90,48 @@ def comm_share(paths: list[CriticalPath]) -> float | None:
     return statistics.fmean(shares) if shares else None
 
 
-def headline(x: RuleInput, exposed_comm_share: float | None = None) -> dict[str, Any]:
-    """The run's headline figures; see METRIC_KEYS."""
-    t = x.tables
-    durs = step_durations(x)
-    util: dict[str, list[float]] = defaultdict(list)
-    for r in t.chips.to_pylist():
-        util[r["chip_type"]].append(r["busy_ns"] / t.wall_ns)
-    mfu, tflops = _mfu(x)
-    count: dict[str, int] = defaultdict(int)
-    for r in t.chips.to_pylist():
-        count[r["chip_type"]] += 1
+def step_figures(x: RuleInput, exposed_comm_share: float | None = None) -> dict[str, Any]:
+    """One workload's step figures: steps, step_ms_p50/p99/mean, comm shares, sampled."""
+    durs = step_durations(x.tables)
     p50, p99 = percentile(durs, 50), percentile(durs, 99)
     return {
+        "steps": len(durs),
+        "step_ms_p50": _round(p50 / 1e6 if p50 is not None else None),
+        "step_ms_p99": _round(p99 / 1e6 if p99 is not None else None),
+        "step_ms_mean": _round(statistics.fmean(durs) / 1e6 if durs else None),
+        "comm_share": _round(exposed_comm_share),
+        "critical_path_comm_share": _round(comm_share(x.paths)),
+        "steps_sampled": len(x.steps),
+    }
+
+
+def headline(x: RuleInput, steps: dict[str, Any]) -> dict[str, Any]:
+    """The run's headline figures (METRIC_KEYS): the first workload's step figures
+    (`step_figures`) beside the run's spans, utilization, MFU and drops."""
+    t = x.tables
+    util: dict[str, list[float]] = defaultdict(list)
+    count: dict[str, int] = defaultdict(int)
+    for r in t.chips.to_pylist():
+        util[r["chip_type"]].append(min(r["busy_ns"] / t.wall_ns, 1.0))
+        count[r["chip_type"]] += 1
+    mfu, tflops = _mfu(x)
+    return {
+        "step": x.workload,
         "spans": t.spans,
         "spans_dropped": t.spans_dropped,
         "wall_ms": round(t.wall_ns / 1e6, 4),
-        "steps": len(durs),
-        "step_ms_p50": round(p50 / 1e6, 4) if p50 is not None else None,
-        "step_ms_p99": round(p99 / 1e6, 4) if p99 is not None else None,
-        "step_ms_mean": round(statistics.fmean(durs) / 1e6, 4) if durs else None,
+        "steps": steps["steps"],
+        "step_ms_p50": steps["step_ms_p50"],
+        "step_ms_p99": steps["step_ms_p99"],
+        "step_ms_mean": steps["step_ms_mean"],
         "utilization": {k: round(statistics.fmean(v), 4) for k, v in sorted(util.items())},
         "chips": dict(sorted(count.items())),
         "links": t.links.num_rows,
-        "comm_share": None if exposed_comm_share is None else round(exposed_comm_share, 4),
-        "critical_path_comm_share": _round(comm_share(x.paths)),
+        "comm_share": steps["comm_share"],
+        "critical_path_comm_share": steps["critical_path_comm_share"],
         "mfu": _round(mfu),
         "achieved_tflops": _round(tflops),
-        "steps_sampled": len(x.steps),
+        "steps_sampled": steps["steps_sampled"],
     }
 
 

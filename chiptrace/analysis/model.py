@@ -6,7 +6,7 @@ the diff, the live viewer) can keep, compare and serialize results without the s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 SEVERITIES = ("high", "medium", "low", "info")
@@ -22,9 +22,13 @@ def severity_for(share: float, high: float = 0.10, medium: float = 0.03) -> str:
     return "low"
 
 
+#: Rules that name an opportunity, not a fault: they rank after every fault of their severity.
+OPPORTUNITIES = frozenset({"precision-opportunity"})
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One bottleneck: what, where, how sure, and what to try.
+    """One bottleneck: what, where, how sure, what to try, and what fixing it would save.
 
     Attributes:
         rule: the rule's id, e.g. ``straggler`` or ``link-bound`` (see RULES).
@@ -32,7 +36,10 @@ class Finding:
         culprit: the chip id, link id, op name or chip type held responsible.
         evidence: the figures the rule decided on (plain numbers and strings).
         suggestion: one line on what to try.
-        share: fraction of step (or run) time at stake, 0..1; orders findings of equal severity.
+        share: the estimated saving as a fraction of the step (``saving_ns / step``), 0..1;
+            orders findings of equal severity.
+        saving_ns: what fixing it would save per step (ns), an estimate; 0 when unknown.
+        step: the step name (the workload) the finding is about; None for whole-run findings.
     """
 
     rule: str
@@ -41,12 +48,23 @@ class Finding:
     evidence: dict[str, Any]
     suggestion: str
     share: float = 0.0
+    saving_ns: float = 0.0
+    step: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The stable JSON form: rule, severity, culprit, evidence, suggestion, share."""
-        d = asdict(self)
-        d["share"] = round(self.share, 6)
-        return d
+        """The stable JSON form: rule, severity, culprit, evidence, suggestion, share, step,
+        saving_ms (per step) and saving_pct (of the step)."""
+        return {
+            "rule": self.rule,
+            "severity": self.severity,
+            "culprit": self.culprit,
+            "evidence": dict(self.evidence),
+            "suggestion": self.suggestion,
+            "share": round(self.share, 6),
+            "step": self.step,
+            "saving_ms": round(self.saving_ns / 1e6, 4),
+            "saving_pct": round(self.share * 100, 2),
+        }
 
     @property
     def key(self) -> tuple[str, str]:
@@ -54,9 +72,40 @@ class Finding:
         return (self.rule, self.culprit)
 
 
+#: Which rule ranks first when two findings put the same time at stake (a slow chip is
+#: both a straggler and below its roofline; the straggler says what it costs the step).
+RULE_ORDER = (
+    "link-down",
+    "straggler",
+    "link-bound",
+    "compute-bound",
+    "load-imbalance",
+    "starvation",
+    "poor-overlap",
+    "latency-bound",
+    "step-outliers",
+    "host-contention",
+    "error-rate",
+    "tail-latency",
+    "dropped-spans",
+)
+_ORDER = {r: i for i, r in enumerate(RULE_ORDER)}
+
+
 def sort_findings(findings: list[Finding]) -> list[Finding]:
-    """Most severe first, then the largest share of step time at stake, then by name."""
-    return sorted(findings, key=lambda f: (_RANK.get(f.severity, 9), -f.share, f.rule, f.culprit))
+    """Most severe first; within a severity faults before opportunities, then the largest
+    share of step time at stake (to the percent), then RULE_ORDER, then by name."""
+    return sorted(
+        findings,
+        key=lambda f: (
+            _RANK.get(f.severity, 9),
+            f.rule in OPPORTUNITIES,
+            -round(f.share, 2),
+            _ORDER.get(f.rule, len(_ORDER)),
+            f.rule,
+            f.culprit,
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,15 +102,17 @@ def _findings_table(findings: list[dict[str, Any]]) -> str:
     if not findings:
         return "<p>No findings: no rule found a bottleneck.</p>"
     rows = [
-        "<table><tr><th>severity</th><th>rule</th><th>culprit</th><th>at stake</th>"
-        "<th>evidence and suggestion</th></tr>"
+        "<table><tr><th>severity</th><th>rule</th><th>culprit</th><th>step</th>"
+        "<th>saves per step</th><th>evidence and suggestion</th></tr>"
     ]
     for f in findings:
         ev = ", ".join(f"{_e(k)}={_e(v)}" for k, v in f["evidence"].items())
+        saving = f.get("saving_ms")
+        saves = f"{saving:.4g} ms ({f['share']:.1%})" if saving else f"{f['share']:.1%}"
         rows.append(
             f'<tr><td><span class="sev" style="background:{_SEV.get(f["severity"], "#777")}">'
             f"{_e(f['severity'])}</span></td><td>{_e(f['rule'])}</td><td>{_e(f['culprit'])}</td>"
-            f'<td class="n">{f["share"]:.1%}</td><td>{_e(f["suggestion"])}'
+            f'<td>{_e(f.get("step"))}</td><td class="n">{_e(saves)}</td><td>{_e(f["suggestion"])}'
             f'<div class="ev">{ev}</div></td></tr>'
         )
     return "".join(rows) + "</table>"
@@ -169,7 +171,15 @@ def render_html(d: dict[str, Any]) -> str:
     title = "chiptrace report: " + ", ".join(d.get("sources") or ["(connection)"])
     body = [
         f"<h1>{_e(title)}</h1>",
-        "<h2>Findings</h2>",
+        "<h2>Steps</h2>",
+        _rows_table(
+            [
+                {k: w.get(k) for k in ("step", "steps", "step_ms_p50", "step_ms_p99", "reason")}
+                for w in d.get("workloads") or []
+            ],
+            "No steps found (no span has children); --step GLOB names them.",
+        ),
+        "<h2>Findings (across workloads, the worst first)</h2>",
         _findings_table(d.get("findings", [])),
         "<h2>Headline metrics</h2>",
         _metrics_table(d.get("metrics", {})),
@@ -185,6 +195,8 @@ def render_html(d: dict[str, Any]) -> str:
         _rows_table(d.get("chips", []), "No chip-tagged spans."),
         "<h2>Links</h2>",
         _rows_table(d.get("links", []), "No link transfers."),
+        "<h2>Endpoints</h2>",
+        _rows_table(d.get("endpoints") or [], "No endpoints."),
     ]
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"

@@ -23,6 +23,37 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v * 100:.1f}%"
 
 
+def _s(v: Any) -> str:
+    """Any value as text (a NULL chip type from foreign spans prints as '-')."""
+    return "-" if v is None else str(v)
+
+
+def _steps_lines(d: dict[str, Any]) -> list[str]:
+    out = []
+    for w in d.get("workloads") or []:
+        out.append(
+            f"  step {_s(w['step'])!r}: {w['steps']:,} steps, p50 {_fmt(w['step_ms_p50'])} ms, "
+            f"p99 {_fmt(w['step_ms_p99'])} ms, comm share {_pct(w.get('comm_share'))}"
+        )
+        out.append(f"     chosen: {_s(w['reason'])}")
+    return out or ["  steps: none found (no span has children; --step GLOB names them)"]
+
+
+def _finding_lines(f: dict[str, Any]) -> list[str]:
+    ev = ", ".join(f"{_s(k)}={_fmt(v)}" for k, v in f["evidence"].items())
+    where = f" [{_s(f['step'])}]" if f.get("step") else ""
+    if f.get("saving_ms"):
+        stake = f"saves ~{_fmt(f['saving_ms'])} ms/step ({_fmt(f.get('saving_pct'))}%)"
+    else:
+        stake = f"({_pct(f.get('share'))} at stake)"
+    return [
+        f" {_MARK.get(f['severity'], '  ')} {_s(f['severity']):<6} {_s(f['rule']):<22} "
+        f"{_s(f['culprit'])}{where}  {stake}",
+        f"           {ev}",
+        f"           -> {_s(f['suggestion'])}",
+    ]
+
+
 def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
     """The report as terminal text: headline metrics, findings, critical path, chips."""
     m = d["metrics"]
@@ -30,41 +61,48 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
     out.append(
         f"  spans {m['spans']:,}   dropped {m['spans_dropped']:,}   wall {m['wall_ms']:.3f} ms"
     )
-    if m.get("steps"):
-        out.append(
-            f"  steps {m['steps']:,}   step p50 {_fmt(m['step_ms_p50'])} ms   "
-            f"p99 {_fmt(m['step_ms_p99'])} ms"
-        )
-    util = "   ".join(f"{k} {_pct(v)}" for k, v in m.get("utilization", {}).items())
+    out += _steps_lines(d)
+    util = "   ".join(f"{_s(k)} {_pct(v)}" for k, v in m.get("utilization", {}).items())
     out.append(f"  utilization  {util or '-'}")
     out.append(
         f"  comm share {_pct(m.get('comm_share'))}   on critical path "
         f"{_pct(m.get('critical_path_comm_share'))}   MFU {_pct(m.get('mfu'))}"
     )
-    out += ["", "Findings (most severe first)"]
+    out += ["", "Findings (most severe first, across workloads)"]
     findings = d.get("findings", [])
     if not findings:
         out.append("  none: no rule found a bottleneck")
     for f in findings[:max_findings]:
-        ev = ", ".join(f"{k}={_fmt(v)}" for k, v in f["evidence"].items())
-        out.append(
-            f" {_MARK.get(f['severity'], '  ')} {f['severity']:<6} {f['rule']:<22} "
-            f"{f['culprit']}  ({_pct(f['share'])} at stake)"
-        )
-        out.append(f"           {ev}")
-        out.append(f"           -> {f['suggestion']}")
+        out += _finding_lines(f)
     if len(findings) > max_findings:
         out.append(f"  ... {len(findings) - max_findings} more (--json shows all)")
-    cp = d.get("critical_path")
+    out += _path_lines(d)
+    out += _endpoint_lines(d.get("endpoints") or [])
+    if d.get("chips"):
+        out += ["", "Chips"]
+        for c in d["chips"]:
+            out.append(
+                f"  {_s(c['chip_id']):<14} {_s(c['chip_type']):<7} util "
+                f"{_pct(c['utilization']):>7}   ops {c['ops']:,}"
+            )
+    return "\n".join(out) + "\n"
+
+
+def _path_lines(d: dict[str, Any]) -> list[str]:
+    m, cp = d["metrics"], d.get("critical_path")
+    out: list[str] = []
     if cp:
-        out += ["", f"Critical path of the slowest step ({cp['root']}, {cp['duration_ms']:.3f} ms)"]
+        out += [
+            "",
+            f"Critical path of the slowest step ({_s(cp['root'])}, {cp['duration_ms']:.3f} ms)",
+        ]
         for label, key in (
             ("chip type", "by_chip_type"),
             ("link type", "by_link_type"),
             ("op kind", "by_op_kind"),
             ("span", "by_name"),
         ):
-            parts = "   ".join(f"{k} {_pct(v)}" for k, v in cp[key].items())
+            parts = "   ".join(f"{_s(k)} {_pct(v)}" for k, v in cp[key].items())
             out.append(f"  by {label:<10} {parts}")
     if not cp and m.get("steps") and not m.get("steps_sampled"):
         out += [
@@ -74,16 +112,21 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
         ]
     med = d.get("critical_path_median")
     if med and cp and med["trace_id"] != cp["trace_id"]:
-        parts = "   ".join(f"{k} {_pct(v)}" for k, v in med["by_chip_type"].items())
+        parts = "   ".join(f"{_s(k)} {_pct(v)}" for k, v in med["by_chip_type"].items())
         out.append(f"  median step ({med['duration_ms']:.3f} ms) by chip type  {parts}")
-    if d.get("chips"):
-        out += ["", "Chips"]
-        for c in d["chips"]:
-            out.append(
-                f"  {c['chip_id']:<14} {c['chip_type']:<7} util {_pct(c['utilization']):>7}   "
-                f"ops {c['ops']:,}"
-            )
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _endpoint_lines(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows or not any(r["errors"] for r in rows) and len(rows) < 2:
+        return []
+    out = ["", f"Endpoints ({rows[0]['kind']} spans): requests, errors, latency p50/p95/p99 ms"]
+    for r in rows[:10]:
+        out.append(
+            f"  {_s(r['name'])[:40]:<40} {r['requests']:>8,} {_pct(r['error_rate']):>7} "
+            f"{_fmt(r['p50_ms']):>9} {_fmt(r['p95_ms']):>9} {_fmt(r['p99_ms']):>9}"
+        )
+    return out
 
 
 def render_diff(d: dict[str, Any], all_metrics: bool = False) -> str:
@@ -97,12 +140,13 @@ def render_diff(d: dict[str, Any], all_metrics: bool = False) -> str:
         if not all_metrics and r["delta"] in (0, None) and r["a"] == r["b"]:
             continue
         out.append(
-            f"  {r['metric']:<32} {_fmt(r['a']):>14} {_fmt(r['b']):>14} {_fmt(r['ratio']):>8}"
+            f"  {_s(r['metric']):<32} {_fmt(r['a']):>14} {_fmt(r['b']):>14} {_fmt(r['ratio']):>8}"
         )
     out += ["", "Findings"]
     if not d["findings"]:
         out.append("  none in either run")
     for f in d["findings"]:
         sev = f"{f['a_severity'] or '-'} -> {f['b_severity'] or '-'}"
-        out.append(f"  {f['status']:<9} {f['rule']:<22} {f['culprit']:<28} {sev}")
+        where = f" [{f['step']}]" if f.get("step") else ""
+        out.append(f"  {f['status']:<9} {_s(f['rule']):<22} {_s(f['culprit']) + where:<40} {sev}")
     return "\n".join(out) + "\n"

@@ -1,4 +1,4 @@
-"""Rules about links and communication: link-bound, latency-bound, poor overlap, drops."""
+"""Rules about communication: latency-bound transfers, poor overlap, dropped spans."""
 
 from __future__ import annotations
 
@@ -7,13 +7,10 @@ import statistics
 from collections import defaultdict
 
 from chiptrace.analysis import steps as iv
-from chiptrace.analysis.model import Finding, severity_for
-from chiptrace.analysis.rules_chips import RuleInput, _ms
+from chiptrace.analysis.model import Finding
+from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.tables import COMPUTE_TYPES
 
-SATURATED = 0.70  # busy and moving data at >= 70% of the link's bandwidth
-BUSY = 0.30  # ... for at least 30% of the time
-SLOW_LINK = 0.5  # achieved bandwidth under half that of links of the same type
 LATENCY_DOMINATES = 0.5  # latency at least half of a typical transfer's time
 SMALL_MESSAGE = 64 * 1024  # without a topology: "small" means under 64 KiB
 MANY = 50
@@ -25,108 +22,11 @@ def _chip_type(chip: str | None) -> str:
     return (chip or "").rsplit("/", 1)[-1].split(":")[0]
 
 
-def _physical(links: list[dict]) -> dict[str, dict]:
-    """Both directions of each link together. A transfer routed over several hops is one
-    span per hop with the route's time, so a slow hop makes every hop of its routes look
-    slow in one direction; only the slow link itself looks slow in both."""
-    out: dict[str, dict] = {}
-    for r in links:
-        p = out.setdefault(
-            r["link_id"],
-            {"type": r["link_type"], "bytes": 0.0, "busy": 0, "transfers": 0, "sizes": []},
-        )
-        p["bytes"] += r["bytes"]
-        p["busy"] += r["busy_ns"]
-        p["transfers"] += r["transfers"]
-        p["sizes"].append(r["median_bytes"] or 0)
-    return out
-
-
-def _slow_links(x: RuleInput, links: list[dict]) -> list[Finding]:
-    t = x.tables
-    phys = _physical(links)
-    peers: dict[str, list[float]] = defaultdict(list)
-    for p in phys.values():
-        peers[p["type"]].append(p["bytes"] / p["busy"])
-    out = []
-    for link_id, p in phys.items():
-        if len(peers[p["type"]]) < 3 or statistics.median(p["sizes"]) < SMALL_MESSAGE:
-            continue
-        peer = statistics.median(peers[p["type"]]) * 1e9
-        achieved = p["bytes"] / p["busy"] * 1e9
-        if achieved >= SLOW_LINK * peer:
-            continue
-        lost = p["busy"] * (1 - achieved / peer)
-        share = min(lost / (x.step_ns * max(t.steps.num_rows, 1)), 1.0)
-        nominal = t.topology.bandwidth(link_id)
-        out.append(
-            Finding(
-                "link-bound",
-                severity_for(share),
-                link_id,
-                {
-                    "cause": "slow link",
-                    "link_type": p["type"],
-                    "achieved_GBps": round(achieved / 1e9, 3),
-                    "peer_median_GBps": round(peer / 1e9, 3),
-                    "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
-                    "busy_share_both_directions": round(p["busy"] / t.wall_ns, 4),
-                    "transfers": p["transfers"],
-                    "lost_ms": _ms(lost),
-                },
-                f"{link_id} moves {achieved / peer:.0%} of what other {p['type']} links do: check "
-                f"the link (degraded lanes, errors) or route around it",
-                share,
-            )
-        )
-    return out
-
-
-def link_bound(x: RuleInput) -> list[Finding]:
-    """A link far slower than its peers, or a link direction near saturation while the
-    chip it feeds waits."""
-    t = x.tables
-    links = [r for r in t.links.to_pylist() if r["busy_ns"] > 0 and r["bytes"]]
-    out = _slow_links(x, links)
-    slow = {f.culprit for f in out}
-    util = {r["chip_id"]: r["busy_ns"] / t.wall_ns for r in t.chips.to_pylist()}
-    for r in links:
-        achieved = r["bytes"] / r["busy_ns"] * 1e9  # bytes/s while busy
-        nominal = t.topology.bandwidth(r["link_id"])
-        busy = r["busy_ns"] / t.wall_ns
-        if r["link_id"] in slow or busy < BUSY or (nominal and achieved < SATURATED * nominal):
-            continue
-        waiting = 1 - util.get(r["link_dst"] or "", 0.0)
-        share = min(busy * waiting, 1.0)
-        out.append(
-            Finding(
-                "link-bound",
-                severity_for(share),
-                r["link_id"],
-                {
-                    "cause": "saturated",
-                    "link_type": r["link_type"],
-                    "src": r["link_src"],
-                    "dst": r["link_dst"],
-                    "busy_share": round(busy, 4),
-                    "achieved_GBps": round(achieved / 1e9, 3),
-                    "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
-                    "dst_idle_share": round(waiting, 4),
-                    "transfers": r["transfers"],
-                },
-                f"{r['link_id']} is busy {busy:.0%} of the time at {achieved / 1e9:.0f} GB/s: "
-                f"compress or shard the traffic, or use a faster link",
-                share,
-            )
-        )
-    return out
-
-
 def latency_bound(x: RuleInput) -> list[Finding]:
     """Many small transfers whose time is mostly link latency, not bytes."""
     t = x.tables
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for r in t.links.to_pylist():
+    for r in x.link_rows():
         groups[(r["link_type"], r["name"])].append(r)
     out = []
     for (ltype, name), rows in groups.items():
@@ -149,11 +49,9 @@ def latency_bound(x: RuleInput) -> list[Finding]:
         if n < MANY or frac < LATENCY_DOMINATES:
             continue
         xfer = sum(r["xfer_ns"] for r in rows) / max(len(rows), 1)
-        share = min(xfer * frac / t.wall_ns, 1.0)
         out.append(
-            Finding(
+            x.finding(
                 "latency-bound",
-                severity_for(share),
                 f"{name} on {ltype}",
                 {
                     "transfers": n,
@@ -164,16 +62,19 @@ def latency_bound(x: RuleInput) -> list[Finding]:
                 },
                 f"{n} transfers of ~{med_bytes / 1024:.0f} KiB spend {frac:.0%} of their time in "
                 f"latency: batch them into larger messages (bigger buckets, fused all-reduce)",
-                share,
+                # the links work in parallel: one link's latency time, per step
+                xfer * frac / x.n_steps,
             )
         )
     return out
 
 
 def _is_comm(s: dict) -> bool:
-    """Collective traffic: transfers on the GPU/NPU fabric (both ends compute chips or
-    switches; unknown ends count too), or comm ops on a compute chip. Host copies (PCIe,
-    C2C to a CPU) are the data path, judged by the starvation rule instead."""
+    """Collective traffic: transfers tagged `op.kind` comm (whatever route they took: a
+    collective rerouted over C2C around a downed NVLink is still the collective), untagged
+    transfers on the GPU/NPU fabric (both ends compute chips or switches; unknown ends
+    count too), or comm ops on a compute chip. Host copies (PCIe, C2C to a CPU) are the
+    data path, judged by the starvation rule instead."""
     return _comm_key(s["link_id"], s["link_src"], s["link_dst"], s["chip_type"], s["op_kind"])
 
 
@@ -182,6 +83,8 @@ def _comm_key(
     link: str | None, src: str | None, dst: str | None, chip_type: str | None, op_kind: str | None
 ) -> bool:
     if link:
+        if op_kind is not None:
+            return op_kind == "comm"
         ends = [_chip_type(src), _chip_type(dst)]
         return all(e in (*COMPUTE_TYPES, "switch", "") for e in ends)
     return chip_type in COMPUTE_TYPES and op_kind == "comm"
@@ -194,12 +97,14 @@ def _is_compute(s: dict) -> bool:
 def overlap_figures(x: RuleInput) -> dict[str, float]:
     """Communication vs compute on the compute chips over the sampled steps, in ns:
     comm, hidden (overlapped), exposed, compute, step; plus exposed ns per comm span name
-    under keys ``name:<span name>``."""
+    under keys ``name:<span name>``. Computed once per input (metrics and a rule read it)."""
+    if "overlap" in x.memo:
+        return x.memo["overlap"]
     out: dict[str, float] = defaultdict(float)
     for st in x.steps:
         leaves = [s for s in st.leaves() if s["end_ns"] > s["start_ns"]]
-        comm = iv.union((s["start_ns"], s["end_ns"]) for s in leaves if _is_comm(s))
-        compute = iv.union((s["start_ns"], s["end_ns"]) for s in leaves if _is_compute(s))
+        comm = st.busy(s for s in leaves if _is_comm(s))
+        compute = st.busy(s for s in leaves if _is_compute(s))
         if not compute:
             continue
         exposed = iv.subtract(comm, compute)
@@ -210,8 +115,9 @@ def overlap_figures(x: RuleInput) -> dict[str, float]:
         out["step"] += st.duration_ns
         for s in leaves:
             if _is_comm(s):
-                span = [(s["start_ns"], s["end_ns"])]
+                span = [(s["start_ns"], s["end_ns"])]  # exposed is inside the step
                 out["name:" + s["name"]] += iv.length(iv.intersect(span, exposed))
+    x.memo["overlap"] = out
     return out
 
 
@@ -221,26 +127,24 @@ def poor_overlap(x: RuleInput) -> list[Finding]:
     if not f["step"] or not f["comm"]:
         return []
     overlap = f["hidden"] / f["comm"]
-    share = min(f["exposed"], f["compute"]) / f["step"]  # the most overlap could hide
     if overlap >= POOR_OVERLAP or f["exposed"] / f["step"] < 0.05:
         return []
     names = {k[5:]: v for k, v in f.items() if k.startswith("name:")}
-    culprit = max(names, key=lambda k: names[k])
+    culprit = min(names, key=lambda k: (-names[k], k))
     return [
-        Finding(
+        x.finding(
             "poor-overlap",
-            severity_for(share),
             culprit,
             {
                 "overlap_fraction": round(overlap, 4),
                 "comm_share": round(f["comm"] / f["step"], 4),
                 "exposed_comm_share": round(f["exposed"] / f["step"], 4),
-                "exposed_ms_per_step": _ms(f["exposed"] / max(len(x.steps), 1)),
+                "exposed_ms_per_step": ms(f["exposed"] / max(len(x.steps), 1)),
                 "steps_sampled": len(x.steps),
             },
             f"only {overlap:.0%} of communication overlaps compute: start {culprit} per bucket during "
             f"backward instead of after it",
-            share,
+            min(f["exposed"], f["compute"]) / max(len(x.steps), 1),  # the most overlap hides
         )
     ]
 
@@ -258,6 +162,6 @@ def dropped_spans(x: RuleInput) -> list[Finding]:
             "recorder",
             {"spans_dropped": t.spans_dropped, "dropped_fraction": round(frac, 6)},
             "raise CHIPTRACE_MAX_BUFFERED or flush more often; figures undercount",
-            frac,
+            frac,  # a whole-run finding: the share is of spans, and there is no time to save
         )
     ]

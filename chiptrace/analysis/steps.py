@@ -7,11 +7,14 @@ Which steps: the slowest, the median one, and a few spread over the run, at most
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+
+from chiptrace.analysis.tables import type_of_chip, type_of_link
 
 Interval = tuple[int, int]
 
@@ -52,6 +55,17 @@ class Step:
 
     leaf_spans: tuple[dict[str, Any], ...] = ()
 
+    def busy(self, spans: Iterable[dict[str, Any]]) -> list[Interval]:
+        """The union of the spans' intervals within the step: a child that outlives or
+        precedes its parent counts only inside it, so no share of the step exceeds 100%.
+        (Clipping the few merged intervals, not every span, costs nothing extra.)"""
+        out = []
+        for a, b in union((s["start_ns"], s["end_ns"]) for s in spans):
+            a, b = max(a, self.start_ns), min(b, self.end_ns)
+            if b > a:
+                out.append((a, b))
+        return out
+
     def leaves(self) -> list[dict[str, Any]]:
         """Spans with no child in the step: the work that actually ran."""
         if self.leaf_spans:
@@ -66,7 +80,7 @@ def pick_steps(steps: pa.Table, max_steps: int = 5) -> list[int]:
     if n == 0 or max_steps <= 0:
         return []
     dur = [
-        e - s
+        max(e - s, 0)
         for s, e in zip(
             steps.column("start_ns").to_pylist(), steps.column("end_ns").to_pylist(), strict=True
         )
@@ -83,13 +97,17 @@ def pick_steps(steps: pa.Table, max_steps: int = 5) -> list[int]:
 
 
 def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
-    """Load every span of the chosen steps' traces (one query; time bounds prune parts)."""
+    """Load every span of the chosen steps' traces (one query; time bounds prune parts).
+
+    A step that shares its trace with other steps of its workload (a loop inside one span)
+    keeps only its root's descendants; chip and link types missing from a span are taken
+    from its ids, as the store's writers do."""
     if not rows:
         return []
     sel = steps.take(pa.array(list(rows))).to_pylist()
     lo = min(r["start_ns"] for r in sel)
     hi = max(r["end_ns"] for r in sel)
-    ids = ", ".join(f"unhex('{r['trace_id']}')" for r in sel)
+    ids = ", ".join(f"unhex('{t}')" for t in sorted({r["trace_id"] for r in sel}))
     cols = ", ".join(f"{expr} AS {alias}" for expr, alias in _COLUMNS)
     result = con.sql(
         f"SELECT {cols} FROM spans_raw WHERE start_ns >= {int(lo)} AND start_ns <= {int(hi)} "
@@ -99,10 +117,17 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
     by_trace: dict[str, list[dict[str, Any]]] = {}
     for row in result:
         d = dict(zip(names, row, strict=True))
+        if d["chip_id"] is not None and d["chip_type"] is None:
+            d["chip_type"] = type_of_chip(d["chip_id"], None)
+        if d["link_id"] is not None and d["link_type"] is None:
+            d["link_type"] = type_of_link(d["link_id"], None)
         by_trace.setdefault(d["trace_id"], []).append(d)
+    shared = Counter(steps.column("trace_id").to_pylist())
     out = []
     for r in sel:
         spans = tuple(by_trace.get(r["trace_id"], ()))
+        if shared[r["trace_id"]] > 1:
+            spans = descendants(spans, r["span_id"])
         parents = {s["parent_span_id"] for s in spans if s["parent_span_id"]}
         leaves = tuple(s for s in spans if s["span_id"] not in parents)
         out.append(
@@ -111,12 +136,33 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
                 r["span_id"],
                 r["name"],
                 int(r["start_ns"]),
-                int(r["end_ns"]),
+                max(int(r["end_ns"]), int(r["start_ns"])),
                 spans,
                 leaves,
             )
         )
     return out
+
+
+def descendants(spans: Sequence[dict[str, Any]], root_id: str) -> tuple[dict[str, Any], ...]:
+    """The span `root_id` and every span below it (iterative: traces may nest deeply)."""
+    children: dict[str, list[dict[str, Any]]] = {}
+    by_id = {}
+    for s in spans:
+        by_id[s["span_id"]] = s
+        if s["parent_span_id"]:
+            children.setdefault(s["parent_span_id"], []).append(s)
+    if root_id not in by_id:
+        return ()
+    out, stack, seen = [], [by_id[root_id]], {root_id}
+    while stack:
+        s = stack.pop()
+        out.append(s)
+        for c in children.get(s["span_id"], ()):
+            if c["span_id"] not in seen:
+                seen.add(c["span_id"])
+                stack.append(c)
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- interval arithmetic

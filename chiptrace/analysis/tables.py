@@ -8,6 +8,7 @@ The one heavy step is the interval union for busy time (a sort of the op spans p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from dataclasses import dataclass, field
@@ -15,22 +16,63 @@ from typing import Any
 
 import pyarrow as pa
 
+from chiptrace.analysis.per_step import (
+    WorkloadTables,
+    busiest_first,
+    empty_step_chips,
+    load_workloads,
+)
 from chiptrace.analysis.topology import Topology, merge_topologies
+from chiptrace.analysis.workloads import candidates
+from chiptrace.schema import LINK_TYPES, chip_type_of
 
 COMPUTE_TYPES = ("gpu", "npu")
-STRAGGLER_STEPS = 128  # steps the per-step, per-chip figures are taken from
 HOST_TYPES = ("cpu", "dpu")
 
 
-def _args(since_ns: int | None, until_ns: int | None) -> str:
-    s = "NULL" if since_ns is None else str(int(since_ns))
-    u = "NULL" if until_ns is None else str(int(until_ns))
-    return f"since_ns := {s}, until_ns := {u}"
+# Spans outside +-2^62 ns (146 years either side of 1970) are left out and times are clipped
+# to that range, so no difference of two times can overflow int64 in DuckDB.
+TIME_LIMIT = 1 << 62
+
+
+def bounds(since_ns: int | None, until_ns: int | None) -> tuple[int, int]:
+    """The analysed range: the given bounds, else the widest one whose arithmetic is safe."""
+    lo = -TIME_LIMIT if since_ns is None else max(int(since_ns), -TIME_LIMIT)
+    hi = TIME_LIMIT if until_ns is None else min(int(until_ns), TIME_LIMIT)
+    return lo, max(hi, lo)
+
+
+def _args(lo: int, hi: int) -> str:
+    return f"since_ns := {lo}, until_ns := {hi}"
 
 
 def _arrow(con: Any, sql: str) -> pa.Table:
     rel = con.sql(sql)
     return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+
+def type_of_chip(chip_id: str | None, chip_type: str | None) -> str:
+    """The recorded chip type, else the one the id names (`gpu:3`), else ``other``."""
+    return chip_type or chip_type_of(chip_id) or "other"
+
+
+def type_of_link(link_id: str | None, link_type: str | None) -> str:
+    """The recorded link type, else the one the id starts with, else ``other``."""
+    if link_type:
+        return link_type
+    head = (link_id or "").split(":", 1)[0]
+    return head if head in LINK_TYPES else "other"
+
+
+def _fill_types(table: pa.Table, id_col: str, type_col: str, fill: Any) -> pa.Table:
+    """Replace NULL types by the type the id names (spans from SDKs that set only the id)."""
+    if table.num_rows == 0 or type_col not in table.column_names:
+        return table
+    ids = table.column(id_col).to_pylist()
+    types = [fill(i, t) for i, t in zip(ids, table.column(type_col).to_pylist(), strict=True)]
+    return table.set_column(
+        table.column_names.index(type_col), type_col, pa.array(types, pa.string())
+    )
 
 
 @dataclass
@@ -44,9 +86,10 @@ class TraceTables:
         util: per plot window and chip: window_index, window_start_ns, chip_id, busy_ns.
         links: per link direction: link_id, link_type, link_src, link_dst, transfers,
             bytes, xfer_ns (summed), busy_ns (merged), median_bytes, median_ns.
-        steps: step roots: trace_id (hex), span_id (hex), name, start_ns, end_ns.
-        step_chips: per step and chip (up to STRAGGLER_STEPS steps spread over the run):
-            trace_id, chip_id, chip_type, first_ns, last_ns, op_ns.
+        workloads: each workload's steps and per-step chip figures, busiest first
+            (per_step.WorkloadTables).
+        steps, step_chips: those of one workload (`for_workload`), by default the first.
+        lo, hi: the bounds every query clips times to.
         topology: peaks and bandwidths from the manifests (empty when none recorded).
         manifests: the writer manifests; spans_dropped: their summed drop counts.
         window_ns: width of the util windows.
@@ -61,6 +104,9 @@ class TraceTables:
     links: pa.Table
     steps: pa.Table
     step_chips: pa.Table
+    workloads: list[WorkloadTables] = field(default_factory=list)
+    lo: int = 0
+    hi: int = 0
     topology: Topology = field(default_factory=Topology)
     manifests: list[dict[str, Any]] = field(default_factory=list)
     spans_dropped: int = 0
@@ -70,64 +116,79 @@ class TraceTables:
     def wall_ns(self) -> int:
         return max(self.t1 - self.t0, 1)
 
+    def for_workload(self, w: WorkloadTables | None) -> TraceTables:
+        """The same tables with `steps` and `step_chips` of workload `w` (None: no steps)."""
+        if w is None:
+            return dataclasses.replace(
+                self, steps=_NO_STEPS.slice(0, 0), step_chips=empty_step_chips()
+            )
+        return dataclasses.replace(self, steps=w.steps, step_chips=w.step_chips)
 
-def _extent(con: Any, a: str, where: str) -> tuple[int, int, int]:
+
+_S, _I, _F = pa.string(), pa.int64(), pa.float64()
+_NO_STEPS = pa.schema(
+    [
+        ("trace_id", _S),
+        ("span_id", _S),
+        ("name", _S),
+        ("start_ns", _I),
+        ("end_ns", _I),
+        ("links", _S),
+    ]
+).empty_table()
+
+
+def _extent(con: Any, lo: int, hi: int, where: str) -> tuple[int, int, int]:
     rows = con.sql(
-        f"SELECT (SELECT t0 FROM span_extent({a})), (SELECT t1 FROM span_extent({a})), "
+        f"SELECT min(greatest(start_ns, {lo})), max(least(greatest(end_ns, start_ns), {hi})), "
         f"count(*) FROM spans_raw WHERE {where}"
     ).fetchall()
     t0, t1, n = rows[0] if rows else (None, None, 0)
-    return int(t0 or 0), int(t1 or 0), int(n or 0)
+    t0 = lo if lo > -TIME_LIMIT else int(t0 or 0)
+    t1 = hi if hi < TIME_LIMIT else int(t1 or 0)
+    return t0, max(t1, t0), int(n or 0)
 
 
-def _where(since_ns: int | None, until_ns: int | None) -> str:
-    """SQL condition: the span overlaps [since_ns, until_ns)."""
-    conds = ["TRUE"]
-    if since_ns is not None:
-        conds.append(f"end_ns > {int(since_ns)}")
-    if until_ns is not None:
-        conds.append(f"start_ns < {int(until_ns)}")
-    return " AND ".join(conds)
+def _where(lo: int, hi: int) -> str:
+    """SQL condition: the span overlaps [lo, hi) (or, zero-length, sits in it)."""
+    return f"end_ns >= {lo} AND start_ns < {hi} AND start_ns >= {-TIME_LIMIT}"
 
 
-def _nested(con: Any) -> tuple[bool, bool]:
-    """Does any chip span have a child on a chip; any link span a child on a link? (One
-    scan of span ids against the few parent ids.)"""
-    rows = con.sql("""
-        WITH pc AS (SELECT DISTINCT parent_span_id AS id FROM spans_raw
-                    WHERE chip_id IS NOT NULL AND parent_span_id IS NOT NULL),
-        pl AS (SELECT DISTINCT parent_span_id AS id FROM spans_raw
-               WHERE link_id IS NOT NULL AND parent_span_id IS NOT NULL)
-        SELECT coalesce(bool_or(chip_id IS NOT NULL AND span_id IN (SELECT id FROM pc)), false),
-               coalesce(bool_or(link_id IS NOT NULL AND span_id IN (SELECT id FROM pl)), false)
-        FROM spans_raw WHERE chip_id IS NOT NULL OR link_id IS NOT NULL""").fetchall()
+def _nested(con: Any, cands: str) -> tuple[bool, bool]:
+    """Does any chip span have a child on a chip; any link span a child on a link? (Read
+    off the candidates table: the spans with children.)"""
+    rows = con.sql(
+        f"SELECT coalesce(bool_or(on_chip AND chip_child), false), "
+        f"coalesce(bool_or(on_link AND link_child), false) FROM {cands}"
+    ).fetchall()
     return (bool(rows[0][0]), bool(rows[0][1])) if rows else (False, False)
 
 
-def _sources(con: Any, a: str, since_ns: int | None, until_ns: int | None) -> tuple[str, str]:
+def _sources(con: Any, a: str, lo: int, hi: int, cands: str) -> tuple[str, str]:
     """FROM-clause SQL for op spans and transfers: the `chip_ops` / `link_transfers` macros
     when some chip (link) span has a chip (link) child; else the same rows by a plain filter.
     Most traces nest no chip span in another, and then skipping the anti-join and the macro's
-    extra columns cuts the CPU of each pass over 10M spans by about half."""
-    lo = f"greatest(start_ns, {int(since_ns)})" if since_ns is not None else "start_ns"
-    hi = f"least(end_ns, {int(until_ns)})" if until_ns is not None else "end_ns"
-    where = _where(since_ns, until_ns)
-    chips_nest, links_nest = _nested(con)
+    extra columns cuts the CPU of each pass over 10M spans by about half. Times are clipped
+    to [lo, hi]."""
+    s, e = f"greatest(start_ns, {lo})", f"least(end_ns, {hi})"
+    where = _where(lo, hi)
+    chips_nest, links_nest = _nested(con, cands)
     ops = (
         f"chip_ops({a})"
         if chips_nest
         else f"""(
         SELECT trace_id, chip_id, chip_type, op_kind, op_precision, name, op_flops, op_bytes,
-               {lo} AS start_ns, {hi} AS end_ns
+               {s} AS start_ns, {e} AS end_ns
         FROM spans_raw WHERE chip_id IS NOT NULL AND {where} AND end_ns > start_ns
           AND (op_kind IS NULL OR op_kind <> 'idle'))"""
     )
     xfers = (
-        f"link_transfers({a})"
+        f"(SELECT * FROM link_transfers({a}) WHERE span_start_ns >= {-TIME_LIMIT})"
         if links_nest
         else f"""(
         SELECT link_id, link_type, link_src, link_dst, op_bytes, name,
-               start_ns AS span_start_ns, end_ns AS span_end_ns, {lo} AS start_ns, {hi} AS end_ns
+               {s} AS span_start_ns, least(greatest(end_ns, start_ns), {hi}) AS span_end_ns,
+               {s} AS start_ns, {e} AS end_ns
         FROM spans_raw WHERE link_id IS NOT NULL AND {where} AND end_ns >= start_ns)"""
     )
     return ops, xfers
@@ -178,53 +239,6 @@ def _chip_ops(con: Any, ops: str) -> pa.Table:
     )
 
 
-def _step_chips(
-    con: Any,
-    steps: pa.Table,
-    since_ns: int | None,
-    until_ns: int | None,
-    max_steps: int = STRAGGLER_STEPS,
-) -> pa.Table:
-    """Per (step, chip) for the straggler rule, over at most `max_steps` steps spread over
-    the run. Filtering on trace ids is cheap in Parquet (about 0.1 CPU-s on 10M spans, where
-    grouping every op by step costs 2), and a median needs no more steps than that."""
-    n = steps.num_rows
-    if n == 0:
-        return _empty_step_chips()
-    stride = max(n // max_steps, 1)
-    ids = steps.column("trace_id").to_pylist()[::stride][:max_steps]
-    in_list = ", ".join(f"unhex('{i}')" for i in ids)
-    lo = f"greatest(start_ns, {int(since_ns)})" if since_ns is not None else "start_ns"
-    hi = f"least(end_ns, {int(until_ns)})" if until_ns is not None else "end_ns"
-    return _arrow(
-        con,
-        f"""
-        WITH s AS (SELECT trace_id, span_id, parent_span_id, chip_id, chip_type, op_kind,
-                          {lo} AS start_ns, {hi} AS end_ns
-                   FROM spans_raw WHERE trace_id IN ({in_list}) AND {_where(since_ns, until_ns)}),
-        p AS (SELECT DISTINCT parent_span_id AS id FROM s WHERE chip_id IS NOT NULL)
-        SELECT lower(hex(trace_id)) AS trace_id, chip_id, any_value(chip_type) AS chip_type,
-               min(start_ns) AS first_ns, max(end_ns) AS last_ns,
-               CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns
-        FROM s ANTI JOIN p ON p.id = s.span_id
-        WHERE chip_id IS NOT NULL AND op_kind IS DISTINCT FROM 'idle' AND end_ns > start_ns
-        GROUP BY trace_id, chip_id""",
-    )
-
-
-def _empty_step_chips() -> pa.Table:
-    return pa.table(
-        {
-            "trace_id": pa.array([], pa.string()),
-            "chip_id": pa.array([], pa.string()),
-            "chip_type": pa.array([], pa.string()),
-            "first_ns": pa.array([], pa.int64()),
-            "last_ns": pa.array([], pa.int64()),
-            "op_ns": pa.array([], pa.int64()),
-        }
-    )
-
-
 def _links(con: Any, xfers: str) -> pa.Table:
     # One scan and one sort: totals, medians and the busy union per link direction together.
     return _arrow(
@@ -238,7 +252,7 @@ def _links(con: Any, xfers: str) -> pa.Table:
                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), start_ns)) AS piece
             FROM {xfers})
         SELECT link_id, any_value(link_type) AS link_type, link_src, link_dst,
-               count(*) AS transfers, CAST(sum(op_bytes) AS DOUBLE) AS bytes,
+               count(*) AS transfers, CAST(coalesce(sum(op_bytes), 0) AS DOUBLE) AS bytes,
                CAST(sum(end_ns - start_ns) AS BIGINT) AS xfer_ns,
                median(op_bytes) AS median_bytes, median(dur) AS median_ns,
                any_value(name) AS name,
@@ -246,27 +260,6 @@ def _links(con: Any, xfers: str) -> pa.Table:
         FROM t GROUP BY link_id, link_src, link_dst
         ORDER BY link_id, link_src, link_dst""",
     )
-
-
-def _steps(con: Any, where: str, step_name: str | None) -> pa.Table:
-    # A step is a root span with children; the most common such root name is "the step".
-    roots = _arrow(
-        con,
-        f"""
-        WITH p AS (SELECT DISTINCT parent_span_id AS id FROM spans_raw
-                   WHERE parent_span_id IS NOT NULL AND {where})
-        SELECT lower(hex(trace_id)) AS trace_id, lower(hex(span_id)) AS span_id,
-               CAST(name AS VARCHAR) AS name, start_ns, end_ns
-        FROM spans_raw s SEMI JOIN p ON p.id = s.span_id
-        WHERE s.parent_span_id IS NULL AND {where}
-        ORDER BY start_ns""",
-    )
-    if roots.num_rows == 0:
-        return roots
-    names = roots.column("name").to_pylist()
-    if step_name is None or step_name not in names:
-        step_name = max(set(names), key=lambda n: (names.count(n), n))
-    return roots.filter(pa.array([n == step_name for n in names], pa.bool_()))
 
 
 def _manifests(con: Any) -> list[dict[str, Any]]:
@@ -295,19 +288,27 @@ def load_tables(
         con: DuckDB connection with the chiptrace views and macros.
         since_ns, until_ns: analyse only this time range (Unix ns); spans are clipped.
         windows: how many time windows the utilization series has.
-        step_name: the root span name that marks a step (default: the most common root).
+        step_name: a glob of the span names that mark a step (default: guessed, see
+            chiptrace.analysis.workloads).
+
+    Raises:
+        StepError: `step_name` matches no span.
     """
-    a = _args(since_ns, until_ns)
-    where = _where(since_ns, until_ns)
-    t0, t1, n = _extent(con, a, where)
+    lo, hi = bounds(since_ns, until_ns)
+    a = _args(lo, hi)
+    where = _where(lo, hi)
+    t0, t1, n = _extent(con, lo, hi, where)
     w = max((t1 - t0) // max(windows, 1) + 1, 1)
-    ops, xfers = _sources(con, a, since_ns, until_ns)
-    chip_ops = _chip_ops(con, ops)
-    steps = _steps(con, where, step_name)
+    with candidates(con) as cands:
+        ops, xfers = _sources(con, a, lo, hi, cands)
+        workloads = load_workloads(con, where, lo, hi, n, cands, step_name) if n else []
     util = _util(con, ops, t0, w)
-    chips = _chips(chip_ops, util)
+    chips, chip_ops = _typed_chips(_chip_ops(con, ops), util, workloads)
+    busy = dict(zip(chips["chip_id"].to_pylist(), chips["busy_ns"].to_pylist(), strict=True))
+    workloads = busiest_first(workloads, busy)
     manifests = _manifests(con)
     dropped = sum(int(m.get("spans_dropped") or 0) for m in manifests)
+    first = workloads[0] if workloads else None
     return TraceTables(
         t0=t0,
         t1=t1,
@@ -315,9 +316,12 @@ def load_tables(
         chips=chips,
         chip_ops=chip_ops,
         util=util,
-        links=_links(con, xfers),
-        steps=steps,
-        step_chips=_step_chips(con, steps, since_ns, until_ns),
+        links=_fill_types(_links(con, xfers), "link_id", "link_type", type_of_link),
+        steps=first.steps if first else _NO_STEPS,
+        step_chips=first.step_chips if first else empty_step_chips(),
+        workloads=workloads,
+        lo=lo,
+        hi=hi,
         topology=merge_topologies(manifests),
         manifests=manifests,
         spans_dropped=dropped,
@@ -325,20 +329,29 @@ def load_tables(
     )
 
 
+def _typed_chips(
+    chip_ops: pa.Table, util: pa.Table, workloads: list[WorkloadTables]
+) -> tuple[pa.Table, pa.Table]:
+    """The chips table, and chip_ops (and each workload's step_chips) with one type per
+    chip: the one its spans record, else the one its id names (spans may disagree; the
+    chips table decides)."""
+    chip_ops = _fill_types(chip_ops, "chip_id", "chip_type", type_of_chip)
+    chips = _chips(chip_ops, util)
+    kind = dict(zip(chips["chip_id"].to_pylist(), chips["chip_type"].to_pylist(), strict=True))
+
+    def fill(c: str | None, t: str | None) -> str:
+        return kind.get(c) or type_of_chip(c, t)  # type: ignore[arg-type]
+
+    for wk in workloads:
+        wk.step_chips = _fill_types(wk.step_chips, "chip_id", "chip_type", fill)
+    return chips, _fill_types(chip_ops, "chip_id", "chip_type", fill)
+
+
 def _chips(chip_ops: pa.Table, util: pa.Table) -> pa.Table:
     """Per chip: busy (merged, from the util windows), ops, summed op time, flops, bytes."""
     if chip_ops.num_rows == 0:
-        return pa.table(
-            {
-                "chip_id": pa.array([], pa.string()),
-                "chip_type": pa.array([], pa.string()),
-                "busy_ns": pa.array([], pa.int64()),
-                "ops": pa.array([], pa.int64()),
-                "op_ns": pa.array([], pa.int64()),
-                "flops": pa.array([], pa.float64()),
-                "bytes": pa.array([], pa.float64()),
-            }
-        )
+        cols = [("chip_id", _S), ("chip_type", _S), ("busy_ns", _I), ("ops", _I)]
+        return pa.schema([*cols, ("op_ns", _I), ("flops", _F), ("bytes", _F)]).empty_table()
     per = chip_ops.group_by("chip_id").aggregate(
         [("chip_type", "max"), ("ops", "sum"), ("op_ns", "sum"), ("flops", "sum"), ("bytes", "sum")]
     )

@@ -38,12 +38,13 @@ _PEAK_KEYS = {"peak_flops": 1.0, "peak": 1.0, "peak_tflops": 1e12, "flops": 1.0}
 
 @dataclass(frozen=True, slots=True)
 class ChipSpec:
-    """One chip's figures: peak FLOP/s per precision and memory bandwidth (bytes/s)."""
+    """One chip's figures: peak FLOP/s per precision, memory bandwidth (bytes/s), model."""
 
     id: str
     type: str
     peak_flops: dict[str, float] = field(default_factory=dict)
     memory_bandwidth: float | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,11 @@ class Topology:
         p = precision or "fp32"
         alias = {"bf16": "fp16", "fp16": "bf16"}.get(p)
         return spec.peak_flops.get(p) or (spec.peak_flops.get(alias) if alias else None)
+
+    def model(self, chip_id: str | None) -> str | None:
+        """The chip's model (`B200`), where the topology names one."""
+        spec = self.chips.get(chip_id or "")
+        return spec.model if spec else None
 
     def bandwidth(self, link_id: str | None) -> float | None:
         spec = self.links.get(link_id or "")
@@ -131,7 +137,10 @@ def parse_topology(manifest: Mapping[str, Any]) -> Topology:
         cid = str(c.get("id") or c.get("chip_id") or key or "")
         if cid:
             ctype = str(c.get("type") or c.get("chip_type") or cid.rsplit("/", 1)[-1].split(":")[0])
-            chips[cid] = ChipSpec(cid, ctype, _peaks(c), _first(c, _MEMBW_KEYS))
+            model = c.get("model")
+            chips[cid] = ChipSpec(
+                cid, ctype, _peaks(c), _first(c, _MEMBW_KEYS), str(model) if model else None
+            )
     links: dict[str, LinkSpec] = {}
     for key, lk in _items(topo.get("links")):
         lid = str(lk.get("id") or lk.get("link_id") or key or "")

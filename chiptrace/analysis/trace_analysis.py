@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -14,39 +13,61 @@ import pyarrow.compute as pc
 from chiptrace.analysis import metrics as _metrics
 from chiptrace.analysis import rules_chips as rc
 from chiptrace.analysis import rules_comm as rm
+from chiptrace.analysis import rules_links as rl
+from chiptrace.analysis import rules_roofline as rr
+from chiptrace.analysis import rules_run as rn
 from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
+from chiptrace.analysis.ranks import rank_breakdown
+from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
+from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.steps import Step, load_steps, pick_steps
 from chiptrace.analysis.tables import TraceTables, load_tables
 
-Rule = Callable[[rc.RuleInput], list[Finding]]
+Rule = Callable[[RuleInput], list[Finding]]
 
-#: Every rule by id, in the order they run.
+
+def _service(x: RuleInput) -> list[Finding]:
+    t = x.tables
+    table = x.endpoints
+    if table is None and x.con is None:
+        return []
+    if table is None:
+        table = rn.endpoints(x.con, t.lo, t.hi, f"end_ns >= {t.lo} AND start_ns < {t.hi}")
+    return rn.service(x, table)
+
+
+#: Every rule by id, in the order they run (compute-bound also yields memory-bound,
+#: error-rate also tail-latency findings).
 RULES: dict[str, Rule] = {
     "straggler": rc.straggler,
     "load-imbalance": rc.load_imbalance,
-    "compute-bound": rc.roofline,  # also yields memory-bound findings
-    "precision-opportunity": rc.precision_opportunity,
+    "compute-bound": rr.roofline,
+    "precision-opportunity": rr.precision_opportunity,
     "starvation": rc.starvation,
-    "link-bound": rm.link_bound,
+    "link-bound": rl.link_bound,
+    "link-down": rl.link_down,
     "latency-bound": rm.latency_bound,
     "poor-overlap": rm.poor_overlap,
+    "step-outliers": rn.step_outliers,
     "dropped-spans": rm.dropped_spans,
+    "host-contention": rn.host_contention,
+    "error-rate": _service,
 }
+#: Rules about the whole run, run once (with the first workload's step for their shares).
+RUN_RULES = ("dropped-spans", "host-contention", "error-rate")
 
-REPORT_VERSION = 1
 SAMPLE_SPANS = 150_000  # spans analysed one by one (critical path, overlap, starvation)
 # A step bigger than this is not walked span by span (Python, ~10 us a span): an nvl72 step
 # has ~2M spans. Its critical path, overlap and starvation are then left out, and said so.
 MAX_STEP_SPANS = 400_000
 
 
-def run_rules(x: rc.RuleInput, rules: Iterable[str] | None = None) -> list[Finding]:
-    """Run the named rules (default: all) and return their findings, most severe first."""
+def run_rules(x: RuleInput, rules: Iterable[str] | None = None) -> list[Finding]:
+    """Run the named rules (default: all) on one workload, most severe first."""
     found: list[Finding] = []
-    names = list(rules) if rules is not None else list(RULES)
     stragglers: set[str] = set()
-    for name in names:
+    for name in list(rules) if rules is not None else list(RULES):
         if name == "load-imbalance":
             found += rc.load_imbalance(x, skip=stragglers)
             continue
@@ -57,77 +78,19 @@ def run_rules(x: rc.RuleInput, rules: Iterable[str] | None = None) -> list[Findi
     return sort_findings(found)
 
 
-@dataclass(frozen=True)
-class Report:
-    """Everything `chiptrace report` shows; `to_dict()` is the documented JSON."""
-
-    metrics: dict[str, Any]
-    findings: list[Finding]
-    critical_path: CriticalPath | None
-    utilization: dict[str, Any]
-    chips: list[dict[str, Any]] = field(default_factory=list)
-    links: list[dict[str, Any]] = field(default_factory=list)
-    sources: list[str] = field(default_factory=list)
-    median_path: CriticalPath | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Stable keys: version, sources, metrics, findings, critical_path (slowest step),
-        critical_path_median (median step), utilization, chips, links (docs/sql.md)."""
-        return {
-            "version": REPORT_VERSION,
-            "sources": self.sources,
-            "metrics": self.metrics,
-            "findings": [f.to_dict() for f in self.findings],
-            "critical_path": path_dict(self.critical_path),
-            "critical_path_median": path_dict(self.median_path, max_segments=0),
-            "utilization": self.utilization,
-            "chips": self.chips,
-            "links": self.links,
-        }
-
-
-def path_dict(p: CriticalPath | None, max_segments: int = 200) -> dict[str, Any] | None:
-    """A critical path as plain JSON: shares by chip type, link type, op kind, and segments."""
-    if p is None or not p.segments:
-        return None
-    segs = [
-        {
-            "name": s.name,
-            "via": s.via,
-            "chip_id": s.chip_id,
-            "link_id": s.link_id,
-            "op_kind": s.op_kind,
-            "start_ms": round((s.start_ns - p.start_ns) / 1e6, 6),
-            "on_path_ms": round(s.on_path_ns / 1e6, 6),
-        }
-        for s in p.segments[:max_segments]
-    ]
-    return {
-        "trace_id": p.trace_id,
-        "root": p.root,
-        "duration_ms": round(p.duration_ns / 1e6, 6),
-        "by_chip_type": _r(p.share("chip_type")),
-        "by_link_type": _r(p.share("link_type")),
-        "by_op_kind": _r(p.share("op_kind")),
-        "by_name": _r(dict(list(p.share("name").items())[:10])),
-        "segments": segs,
-        "segments_total": len(p.segments),
-    }
-
-
-def _r(d: dict[str, float]) -> dict[str, float]:
-    return {k: round(v, 4) for k, v in d.items()}
-
-
 class TraceAnalysis:
     """Analyse one run: utilization, critical path, bottleneck findings, headline metrics.
+
+    A run may hold several workloads (mixed: `train_step` and `request`): each is analysed
+    on its own steps, and `findings()` ranks them all in one list.
 
     Args:
         source: trace dir(s) / glob(s), or a connection from `chiptrace.connect`.
         since_ns, until_ns: analyse only this time range (Unix ns).
-        step_name: root span name of a step (default: the most common root with children).
-        sample_steps: how many steps get span-level analysis (critical path, overlap,
-            starvation): the slowest, the median, and some spread over the run.
+        step_name: a glob of the span names that mark a step (`'ProfilerStep#*'`); default
+            guessed (chiptrace.analysis.workloads says how).
+        sample_steps: how many steps of each workload get span-level analysis (critical
+            path, overlap, starvation): the slowest, the median, and some spread over the run.
         windows: points in the utilization-over-time series.
         max_step_spans: steps with more spans than this (on average) get no span-level
             analysis (critical path, overlap, starvation): it runs in Python.
@@ -168,49 +131,116 @@ class TraceAnalysis:
             self.con, self.since_ns, self.until_ns, windows=self.windows, step_name=self.step_name
         )
 
-    @cached_property
-    def steps(self) -> list[Step]:
-        """The sampled steps with all their spans: slowest first, then the median."""
-        t = self.tables
-        # Span-level work is Python: keep it to about SAMPLE_SPANS spans in all.
-        per_step = t.spans / max(t.steps.num_rows, 1)
+    def _sample(self, t: TraceTables, budget: float) -> list[Step]:
+        # Span-level work is Python: keep it to about `budget` spans for this workload.
+        per_step = t.spans / max(sum(w.steps.num_rows for w in t.workloads), 1)
         if per_step > self.max_step_spans:
             return []
-        k = max(1, min(self.sample_steps, int(SAMPLE_SPANS // max(per_step, 1))))
+        k = max(1, min(self.sample_steps, int(budget // max(per_step, 1))))
         return load_steps(self.con, t.steps, pick_steps(t.steps, k if self.sample_steps else 0))
 
     @cached_property
-    def critical_paths(self) -> list[CriticalPath]:
-        """Critical path of each sampled step (slowest first)."""
-        return [critical_path(s.spans, s.root_id) for s in self.steps]
-
-    def critical_path(self, trace_id: str | None = None) -> CriticalPath | None:
-        """Critical path of one step (hex trace id), default the slowest; None if no steps."""
-        if trace_id is None:
-            return self.critical_paths[0] if self.critical_paths else None
-        for s, p in zip(self.steps, self.critical_paths, strict=True):
-            if s.trace_id == trace_id:
-                return p
-        rows = self.tables.steps.filter(pc.equal(self.tables.steps["trace_id"], trace_id))
-        steps = load_steps(self.con, rows, [0] if rows.num_rows else [])
-        return critical_path(steps[0].spans, steps[0].root_id) if steps else None
+    def inputs(self) -> list[RuleInput]:
+        """One RuleInput per workload (busiest first); a run without steps gets one whole."""
+        t = self.tables
+        owner_chip: dict[str, int] = {}
+        owner_link: dict[str, int] = {}
+        for i, w in enumerate(t.workloads):
+            for c in w.chips:
+                owner_chip.setdefault(c, i)
+            for lk in w.links:
+                owner_link.setdefault(lk, i)
+        all_chips = set(t.chips.column("chip_id").to_pylist())
+        all_links = set(t.links.column("link_id").to_pylist())
+        out = []
+        budget = SAMPLE_SPANS / max(len(t.workloads), 1)
+        for i, w in enumerate(t.workloads):
+            tw = t.for_workload(w)
+            steps = self._sample(tw, budget)
+            durs = _metrics.step_durations(tw)
+            chips = {c for c in all_chips if owner_chip.get(c, 0) == i}
+            links = {lk for lk in all_links if owner_link.get(lk, 0) == i}
+            out.append(
+                RuleInput(
+                    tw,
+                    steps,
+                    [critical_path(s.spans, s.root_id) for s in steps],
+                    float(_metrics.percentile(durs, 50) or 0.0),
+                    w.name,
+                    frozenset(chips),
+                    frozenset(links),
+                    self.con,
+                )
+            )
+        return out or [RuleInput(t.for_workload(None), con=self.con)]
 
     @cached_property
-    def rule_input(self) -> rc.RuleInput:
-        durs = _metrics.step_durations(rc.RuleInput(self.tables))
-        p50 = _metrics.percentile(durs, 50) or 0.0
-        return rc.RuleInput(self.tables, self.steps, self.critical_paths, float(p50))
+    def endpoints(self) -> list[dict[str, Any]]:
+        """Per endpoint (server spans, else root spans): requests, errors, latency (ms)."""
+        t = self.tables
+        if not t.spans:
+            return []
+        return rn.endpoints(self.con, t.lo, t.hi, f"end_ns >= {t.lo} AND start_ns < {t.hi}")
+
+    @property
+    def steps(self) -> list[Step]:
+        """The first workload's sampled steps, span by span (slowest first, then the median)."""
+        return self.inputs[0].steps
+
+    @property
+    def critical_paths(self) -> list[CriticalPath]:
+        """Critical path of each sampled step of the first workload (slowest first)."""
+        return self.inputs[0].paths
+
+    def critical_path(self, trace_id: str | None = None) -> CriticalPath | None:
+        """Critical path of one step (hex trace id), default the first workload's slowest;
+        None if no steps."""
+        if trace_id is None:
+            return self.critical_paths[0] if self.critical_paths else None
+        for x in self.inputs:
+            for s, p in zip(x.steps, x.paths, strict=True):
+                if s.trace_id == trace_id:
+                    return p
+        for x in self.inputs:
+            rows = x.tables.steps.filter(pc.equal(x.tables.steps["trace_id"], trace_id))
+            steps = load_steps(self.con, rows, [0] if rows.num_rows else [])
+            if steps:
+                return critical_path(steps[0].spans, steps[0].root_id)
+        return None
+
+    @property
+    def rule_input(self) -> RuleInput:
+        """The first workload's rule input."""
+        return self.inputs[0]
 
     def findings(self, rules: Iterable[str] | None = None) -> list[Finding]:
-        """Bottlenecks, most severe first, then by share of step time at stake."""
-        return run_rules(self.rule_input, rules)
+        """Bottlenecks over every workload, most severe first, then by share of step time."""
+        names = list(rules) if rules is not None else list(RULES)
+        per_workload = [n for n in names if n not in RUN_RULES]
+        out: list[Finding] = []
+        for x in self.inputs:
+            out += run_rules(x, per_workload)
+        first = self.inputs[0]
+        first.endpoints = self.endpoints
+        for n in names:
+            if n in RUN_RULES:
+                out += RULES[n](first)
+        return sort_findings(out)
+
+    def workload_metrics(self, x: RuleInput) -> dict[str, Any]:
+        """Step figures of one workload: steps, p50/p99/mean, comm shares."""
+        f = rm.overlap_figures(x)
+        share = f["comm"] / f["step"] if f["step"] else None
+        return _metrics.step_figures(x, share)
 
     def metrics(self) -> dict[str, Any]:
-        """Headline figures (metrics.METRIC_KEYS): step p50/p99, utilization per chip
-        type, communication share, MFU, dropped spans."""
-        f = rm.overlap_figures(self.rule_input)
-        share = f["comm"] / f["step"] if f["step"] else None
-        return _metrics.headline(self.rule_input, share)
+        """Headline figures (metrics.METRIC_KEYS): the first workload's step p50/p99 and
+        communication share, and the run's utilization per chip type, MFU, dropped spans."""
+        x = self.inputs[0]
+        out = _metrics.headline(x, self.workload_metrics(x))
+        # Per-rank GPU time breakdown as HolisticTraceAnalysis defines it (analysis/ranks.py).
+        out["ranks"] = rank_breakdown(self.con, self.since_ns, self.until_ns)
+        return out
 
     def utilization(self, window_ms: float) -> pa.Table:
         """Busy fraction per chip per time window (the `utilization` macro)."""
@@ -227,41 +257,31 @@ class TraceAnalysis:
     def report(self) -> Report:
         """Metrics, findings, the slowest step's critical path and the utilization series."""
         t = self.tables
-        chips = [
-            {
-                "chip_id": r["chip_id"],
-                "chip_type": r["chip_type"],
-                "ops": r["ops"],
-                "utilization": round(r["busy_ns"] / t.wall_ns, 4),
-            }
-            for r in t.chips.to_pylist()
-        ]
-        links = [
-            {
-                "link_id": r["link_id"],
-                "link_type": r["link_type"],
-                "src": r["link_src"],
-                "dst": r["link_dst"],
-                "transfers": r["transfers"],
-                "bytes": r["bytes"],
-                "busy_share": round(r["busy_ns"] / t.wall_ns, 4),
-                "GBps_while_busy": round(r["bytes"] / r["busy_ns"], 3) if r["busy_ns"] else None,
-                "bandwidth_GBps": _gb(t.topology.bandwidth(r["link_id"])),
-                "bandwidth_fraction_while_busy": _frac(r, t.topology.bandwidth(r["link_id"])),
-            }
-            for r in t.links.to_pylist()
-        ]
         paths = self.critical_paths  # slowest step first, then the median one
         median = paths[1] if len(paths) > 1 else (paths[0] if paths else None)
+        workloads = []
+        for x, w in zip(self.inputs, t.workloads, strict=False):
+            slowest = path_dict(x.paths[0] if x.paths else None, max_segments=0)
+            workloads.append(
+                {
+                    "step": w.name,
+                    "names": list(w.choice.names[:10]),
+                    "reason": w.choice.reason,
+                    **self.workload_metrics(x),
+                    "critical_path": slowest,
+                }
+            )
         return Report(
             self.metrics(),
             self.findings(),
             self.critical_path(),
             utilization_series(t),
-            chips,
-            links,
+            chip_rows(t),
+            link_rows(t),
             self.sources,
             median,
+            workloads,
+            self.endpoints,
         )
 
     def _range(self) -> str:
@@ -272,38 +292,6 @@ class TraceAnalysis:
     def _macro(self, call: str) -> pa.Table:
         rel = self.con.sql(f"SELECT * FROM {call} ORDER BY ALL")
         return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
-
-
-def _gb(bps: float | None) -> float | None:
-    return None if bps is None else round(bps / 1e9, 3)
-
-
-def _frac(r: dict[str, Any], bps: float | None) -> float | None:
-    if not bps or not r["busy_ns"] or not r["bytes"]:
-        return None
-    return round(r["bytes"] / r["busy_ns"] * 1e9 / bps, 4)
-
-
-def utilization_series(t: TraceTables) -> dict[str, Any]:
-    """Mean utilization per chip type per window: {window_ms, t0_ns, series: {type: [..]}}."""
-    n_win = max((t.wall_ns + t.window_ns - 1) // t.window_ns, 1)
-    count: dict[str, int] = {}
-    type_of: dict[str, str] = {}
-    for r in t.chips.to_pylist():
-        count[r["chip_type"]] = count.get(r["chip_type"], 0) + 1
-        type_of[r["chip_id"]] = r["chip_type"]
-    series = {ct: [0.0] * n_win for ct in sorted(count)}
-    for r in t.util.to_pylist():
-        k = int(r["window_index"])
-        ctype = type_of.get(r["chip_id"])
-        if 0 <= k < n_win and ctype in series:
-            width = min(t.window_ns, t.t1 - (t.t0 + k * t.window_ns)) or 1
-            series[ctype][k] += r["busy_ns"] / width / count[ctype]
-    return {
-        "window_ms": round(t.window_ns / 1e6, 6),
-        "t0_ns": t.t0,
-        "series": {k: [round(v, 4) for v in vs] for k, vs in series.items()},
-    }
 
 
 def analyze(

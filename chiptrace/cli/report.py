@@ -11,7 +11,8 @@ ORDER = 30
 HELP = "find what holds a run back: ranked bottlenecks with evidence and suggestions"
 DESCRIPTION = (
     "Analyse one run (one or more trace dirs, globs allowed): headline metrics, bottleneck "
-    "findings ordered by severity and time at stake, the slowest step's critical path. "
+    "findings over every workload ordered by severity and time at stake, each with what fixing "
+    "it would save per step, the slowest step's critical path. "
     "--json prints the documented JSON (docs/sql.md, 'Report JSON'); --html writes a "
     "self-contained page with plots."
 )
@@ -23,7 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     p.add_argument("--since-ns", type=int, help="analyse spans from this Unix time (ns)")
     p.add_argument("--until-ns", type=int, help="analyse spans until this Unix time (ns)")
-    p.add_argument("--step", metavar="NAME", help="root span name of a step (default: guessed)")
+    p.add_argument(
+        "--step",
+        metavar="GLOB",
+        help="span names that mark a step, any level: 'ProfilerStep#*', 'GET /*' "
+        "(default: guessed, and the report says which and why)",
+    )
     p.add_argument(
         "--sample-steps",
         type=int,

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Mapping
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +240,23 @@ def training_run(
         b.rows[spans_before]["end_ns"] = T0 + int(end * US)
         t0 = end + 10
     return b.write(directory, {"topology": topo, "spans_dropped": dropped})
+
+
+@contextlib.contextmanager
+def collector(out: Path) -> Iterator[str]:
+    """`chiptrace collect --listen 127.0.0.1:0 --out OUT` in its own process; yields its
+    OTLP/HTTP traces URL (read from its first line), then stops it with SIGTERM, which
+    stores every acknowledged span before it exits 0."""
+    argv = [sys.executable, "-m", "chiptrace", "collect", "--listen", "127.0.0.1:0"]
+    proc = subprocess.Popen(
+        [*argv, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        found = re.search(r"http://\S+/v1/traces", line)
+        assert found, f"no URL in {line!r}"
+        yield found.group()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]

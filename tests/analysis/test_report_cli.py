@@ -10,7 +10,17 @@ from analysis_helpers import training_run
 
 from chiptrace.cli import main
 
-FINDING_KEYS = {"rule", "severity", "culprit", "evidence", "suggestion", "share"}
+FINDING_KEYS = {
+    "rule",
+    "severity",
+    "culprit",
+    "evidence",
+    "suggestion",
+    "share",
+    "step",
+    "saving_ms",
+    "saving_pct",
+}
 
 
 def test_report_text(tmp_path: Path, capsys) -> None:

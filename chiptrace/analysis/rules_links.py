@@ -1,0 +1,270 @@
+"""Rules about links: a slow link, a saturated link direction, a link that is down.
+
+A transfer routed over several hops is one span per hop, each with the whole route's time,
+so one slow link makes every hop of its routes look slow. Two things tell the slow link
+from its neighbours: it is slow in every direction it carries data (a ring's neighbours
+are slow one way only), and its slow transfers are not all explained by another slow link
+that carries more of them (a host link behind the NIC is slow only where the NIC's is).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from chiptrace.analysis.model import Finding, severity_for
+from chiptrace.analysis.rule_input import RuleInput, ms
+from chiptrace.analysis.rules_chips import peer_group
+from chiptrace.analysis.savings import slowed_transfers_on_path
+
+SATURATED = 0.70  # busy and moving data at >= 70% of the link's bandwidth
+BUSY = 0.30  # ... for at least 30% of the time
+SLOW_LINK = 0.5  # achieved bandwidth under half that of links of the same type
+SMALL_MESSAGE = 64 * 1024  # latency dominates below this: achieved bandwidth says little
+MAX_TRANSFER_KEYS = 500_000  # spans read to tell a slow link from its neighbours
+
+
+def _kind(chip: str | None) -> str:
+    return (chip or "").rsplit("/", 1)[-1].split(":")[0]
+
+
+def _slow_directions(links: list[dict[str, Any]]) -> dict[tuple, float]:
+    """Per link direction, how much slower it is than directions of its type (1 = as fast):
+    by bandwidth for bulk transfers; for small ones, where latency dominates bandwidth, by
+    the median duration of transfers of the same name (ingress of a few KB)."""
+    speed: dict[str, list[float]] = defaultdict(list)
+    dur: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in links:
+        if (r["median_bytes"] or 0) >= SMALL_MESSAGE:
+            speed[r["link_type"]].append(r["bytes"] / r["busy_ns"])
+        elif r["median_ns"]:
+            dur[(r["link_type"], r["name"])].append(r["median_ns"])
+    out = {}
+    for r in links:
+        key = (r["link_id"], r["link_src"], r["link_dst"])
+        if (r["median_bytes"] or 0) >= SMALL_MESSAGE and len(speed[r["link_type"]]) >= 3:
+            out[key] = statistics.median(speed[r["link_type"]]) / (r["bytes"] / r["busy_ns"])
+        elif r["median_ns"] and len(dur[(r["link_type"], r["name"])]) >= 3:
+            # Against the quicker quartile: routes of more hops take longer by latency alone.
+            q = statistics.quantiles(dur[(r["link_type"], r["name"])], n=4, method="inclusive")
+            out[key] = r["median_ns"] / max(q[0], 1.0)
+    return out
+
+
+def _slow_candidates(links: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Links slow in every direction that carries data, against same-type directions."""
+    slow = _slow_directions(links)
+    peers: dict[str, list[float]] = defaultdict(list)
+    for r in links:
+        peers[r["link_type"]].append(r["bytes"] / r["busy_ns"])
+    phys: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in links:
+        phys[r["link_id"]].append(r)
+    out = {}
+    for link_id, dirs in phys.items():
+        factors = [slow.get((d["link_id"], d["link_src"], d["link_dst"])) for d in dirs]
+        if None in factors or min(factors) * SLOW_LINK < 1:  # type: ignore[operator]
+            continue
+        achieved = sum(d["bytes"] for d in dirs) / sum(d["busy_ns"] for d in dirs)
+        out[link_id] = {
+            "type": dirs[0]["link_type"],
+            "achieved": achieved,
+            "peer": statistics.median(peers[dirs[0]["link_type"]]),
+            "slower": min(factors),  # type: ignore[type-var]
+            "busy": sum(d["busy_ns"] for d in dirs),
+            "transfers": sum(d["transfers"] for d in dirs),
+        }
+    return out
+
+
+def _explained(x: RuleInput, cands: dict[str, dict[str, Any]]) -> set[str]:
+    """Candidates whose every transfer also crosses another candidate with more transfers."""
+    if len(cands) < 2 or x.con is None:
+        return set()
+    ids = ", ".join("'" + c.replace("'", "''") + "'" for c in cands)
+    t = x.tables
+    rows = x.con.sql(
+        f"SELECT CAST(link_id AS VARCHAR), trace_id, parent_span_id, start_ns, end_ns "
+        f"FROM spans_raw WHERE CAST(link_id AS VARCHAR) IN ({ids}) "
+        f"AND end_ns >= {t.lo} AND start_ns < {t.hi} LIMIT {MAX_TRANSFER_KEYS}"
+    ).fetchall()
+    keys: dict[str, set[tuple]] = defaultdict(set)
+    for link, *key in rows:
+        keys[link].add(tuple(key))
+    out = set()
+    for a, ka in keys.items():
+        for b, kb in keys.items():
+            if a != b and len(kb) > len(ka) and ka <= kb:
+                out.add(a)
+    return out
+
+
+def _saving(x: RuleInput, lost_ns: float) -> float:
+    on_path = slowed_transfers_on_path(x)
+    return on_path if on_path else lost_ns / x.n_steps
+
+
+def slow_links(x: RuleInput) -> list[Finding]:
+    """A link far slower than links of its type, in every direction it carries data."""
+    t = x.tables
+    links = [r for r in x.link_rows() if r["busy_ns"] > 0 and r["bytes"]]
+    cands = _slow_candidates(links)
+    explained = _explained(x, cands)
+    out = []
+    for link_id, p in cands.items():
+        if link_id in explained:
+            continue
+        lost = p["busy"] * (1 - 1 / p["slower"])
+        nominal = t.topology.bandwidth(link_id)
+        f = x.finding(
+            "link-bound",
+            link_id,
+            {
+                "cause": "slow link",
+                "link_type": p["type"],
+                "achieved_GBps": round(p["achieved"], 3),
+                "peer_median_GBps": round(p["peer"], 3),
+                "times_slower": round(p["slower"], 2),
+                "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
+                "busy_share_both_directions": round(p["busy"] / t.wall_ns, 4),
+                "transfers": p["transfers"],
+                "lost_ms": ms(lost),
+                "neighbours_explained": sorted(explained),
+            },
+            f"{link_id} is {p['slower']:.1f}x slower than other {p['type']} links, both ways: "
+            f"check the link (degraded lanes, errors) or route around it",
+            _saving(x, lost),
+        )
+        out.append(_at_least_medium(f))
+    return out
+
+
+def _at_least_medium(f: Finding) -> Finding:
+    # A degraded or missing link is a hardware fault: worth a look even where its traffic
+    # cost little this run (rerouted, or hidden behind compute).
+    if f.severity in ("low", "info"):
+        return Finding(
+            f.rule, "medium", f.culprit, f.evidence, f.suggestion, f.share, f.saving_ns, f.step
+        )
+    return f
+
+
+def saturated_links(x: RuleInput, skip: set[str]) -> list[Finding]:
+    """A link direction near its bandwidth much of the time while the chip it feeds waits."""
+    t = x.tables
+    util = {r["chip_id"]: r["busy_ns"] / t.wall_ns for r in t.chips.to_pylist()}
+    out = []
+    for r in x.link_rows():
+        if r["busy_ns"] <= 0 or not r["bytes"] or r["link_id"] in skip:
+            continue
+        achieved = r["bytes"] / r["busy_ns"] * 1e9  # bytes/s while busy
+        nominal = t.topology.bandwidth(r["link_id"])
+        busy = r["busy_ns"] / t.wall_ns
+        if busy < BUSY or (nominal and achieved < SATURATED * nominal):
+            continue
+        waiting = 1 - util.get(r["link_dst"] or "", 0.0)
+        out.append(
+            x.finding(
+                "link-bound",
+                r["link_id"],
+                {
+                    "cause": "saturated",
+                    "link_type": r["link_type"],
+                    "src": r["link_src"],
+                    "dst": r["link_dst"],
+                    "busy_share": round(busy, 4),
+                    "achieved_GBps": round(achieved / 1e9, 3),
+                    "bandwidth_GBps": round(nominal / 1e9, 3) if nominal else None,
+                    "dst_idle_share": round(waiting, 4),
+                    "transfers": r["transfers"],
+                },
+                f"{r['link_id']} is busy {busy:.0%} of the time at {achieved / 1e9:.0f} GB/s: "
+                f"compress or shard the traffic, or use a faster link",
+                busy * waiting * x.step_ns,
+            )
+        )
+    return out
+
+
+def link_bound(x: RuleInput) -> list[Finding]:
+    """A link far slower than its peers, or a link direction near saturation while the
+    chip it feeds waits."""
+    out = slow_links(x)
+    return out + saturated_links(x, {f.culprit for f in out})
+
+
+def _active(x: RuleInput) -> tuple[set[str], dict[str, set[tuple[str, str]]], set[str]]:
+    """Chips with work or traffic; per chip the (link type, far end type) it used; used links."""
+    t = x.tables
+    used = {r["link_id"] for r in t.links.to_pylist() if r["transfers"]}
+    active = {r["chip_id"] for r in t.chips.to_pylist()}
+    for r in t.links.to_pylist():
+        active |= {r["link_src"], r["link_dst"]} - {None}
+    uses: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for lk in t.topology.links.values():
+        if lk.id in used and lk.src and lk.dst:
+            uses[lk.src].add((lk.type or "", _kind(lk.dst)))
+            uses[lk.dst].add((lk.type or "", _kind(lk.src)))
+    return active, uses, used
+
+
+def _ends(t: Any, link_id: str) -> tuple[str, ...]:
+    lk = t.topology.links[link_id]
+    return tuple(e for e in (lk.src, lk.dst) if e)
+
+
+def link_down(x: RuleInput) -> list[Finding]:
+    """A link of the topology that carried nothing, between two chips that worked, where
+    chips of the same model used their link of that kind: it is down, and its traffic went
+    another way. Needs a topology (the emulator records one)."""
+    t = x.tables
+    if not t.topology.links:
+        return []
+    active, uses, used = _active(x)
+    mine = set(x.chips or ()) | {
+        e for lk in x.links or () if lk in t.topology.links for e in _ends(t, lk)
+    }
+    out = []
+    for lk in t.topology.links.values():
+        if lk.id in used or not (lk.src in active and lk.dst in active):
+            continue
+        for end, far in ((lk.src, lk.dst), (lk.dst, lk.src)):
+            if x.chips is not None and end not in mine:
+                continue
+            want = (lk.type or "", _kind(far))
+            group = peer_group(x, end, _kind(end))
+            peers = [
+                c
+                for c in t.topology.chips
+                if c != end and want in uses[c] and peer_group(x, c, _kind(c)) == group
+            ]
+            if peers:
+                out.append(_down_finding(x, lk.id, end, peers))
+                break
+    return out
+
+
+def _down_finding(x: RuleInput, link_id: str, end: str, peers: list[str]) -> Finding:
+    rows = [r for r in x.tables.links.to_pylist() if end in (r["link_src"], r["link_dst"])]
+    rows.sort(key=lambda r: (-(r["bytes"] or 0), r["link_id"]))
+    went = sorted({r["link_id"] for r in rows[:6]})
+    saving = slowed_transfers_on_path(x) or 0.0
+    f = x.finding(
+        "link-down",
+        link_id,
+        {
+            "carried_bytes": 0,
+            "chip": end,
+            "peers_using_theirs": len(peers),
+            "traffic_went_over": went,
+            "rerouted_bytes": sum(r["bytes"] or 0 for r in rows),
+            "cost_ms_per_step": ms(saving),
+        },
+        f"{link_id} carried nothing while {len(peers)} peers of {end} used theirs; {end}'s "
+        f"traffic went over {', '.join(went) or 'no other link'}: check the link (cable, "
+        f"lanes, firmware) or its state in the fabric manager",
+        saving,
+        severity_for(saving / x.step_ns if x.step_ns else 0.0),
+    )
+    return _at_least_medium(f)

@@ -1,0 +1,175 @@
+"""Chrome Trace Event JSON (chrome://tracing, Perfetto, chiptrace's own export) -> spans.
+
+Complete (`X`) events and `B`/`E` pairs (matched per thread) become spans, nested per
+thread. When an event's args carry `span_id` (chiptrace's `export --format chrome` writes
+`trace_id`, `span_id`, `parent_span_id`, `service`, `status` and every attribute there),
+those ids, parents, service and attributes are used as they are, and times are taken from
+the file's `otherData.t0_unix_ns`: a chiptrace export imports back to the same spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from chiptrace.importers import events as ev
+from chiptrace.importers.plan import ROLE_CPU, Block, FileFacts
+from chiptrace.importers.source import TraceEventStream
+from chiptrace.importers.spans import columns_of
+from chiptrace.importers.writer import write_spill
+
+_ANY = msgspec.json.Decoder(list[Any])
+_RESERVED = ("trace_id", "span_id", "parent_span_id", "service", "status")
+
+
+class ChromeReader:
+    """Reads one Chrome trace into span blocks; `facts` is complete after `blocks()`."""
+
+    format = "chrome"
+
+    def __init__(self, path: str) -> None:
+        self.stream = TraceEventStream(path, ev.Event)
+        self.facts = FileFacts(path=str(path), format=self.format)
+        self.tally = ev.Tally()
+        self._open: dict[tuple[Any, Any], list[ev.Event]] = {}
+        self._threads: dict[tuple[int, int], int] = {}
+        self._process: dict[Any, str] = {}
+
+    def blocks(self, spill_for: Callable[[int], str], pool: Any = None) -> Iterator[Block]:
+        """The file's blocks, their static columns staged in `spill_for(block number)`
+        (mapped here: B/E pairs span blocks, so `pool` is not used)."""
+        cats: dict[str, int] = {}
+        for no, events in enumerate(self.stream):
+            self.facts.events += len(events)
+            others: list[ev.Event] = []
+            rows = ev.split_block(events, self.tally, others)
+            paired = self._others(others)
+            if paired:
+                rows = _extend(rows, paired)
+            if len(rows):
+                for c in rows.cat:
+                    cats[c] = cats.get(c, 0) + 1
+                block = self._block(rows)
+                block.spill = spill_for(no)
+                write_spill(block.spill, block.static)
+                block.static = None
+                yield block
+        other = self.stream.header.get("otherData")
+        if isinstance(other, dict) and isinstance(other.get("t0_unix_ns"), int):
+            self.facts.base_ns = other["t0_unix_ns"]
+        unclosed = sum(len(v) for v in self._open.values())
+        if unclosed:
+            self.tally.skipped["B without E"] += unclosed
+        service = next(iter(self._process.values()), "chrome")
+        self.facts.resource = {"service.name": service}
+        self.facts.service = service
+        self.facts.categories = cats
+        self.facts.tally = self.tally.as_dict()
+
+    def _others(self, others: list[ev.Event]) -> list[ev.Event]:
+        """Metadata and flows are counted; B/E pairs become complete events."""
+        done: list[ev.Event] = []
+        t = self.tally
+        for e in others:
+            if e.ph == "B":
+                self._open.setdefault((e.pid, e.tid), []).append(e)
+            elif e.ph == "E":
+                stack = self._open.get((e.pid, e.tid))
+                if not stack:
+                    t.skipped["E without B"] += 1
+                    continue
+                b = stack.pop()
+                done.append(
+                    ev.Event("X", b.cat, b.name, b.pid, b.tid, b.ts, e.ts - b.ts, args=b.args)
+                )
+            elif e.ph == "M":
+                t.metadata += 1
+                if e.name == "process_name":
+                    name = _ANY.decode(b"[" + (bytes(e.args) or b"{}") + b"]")[0].get("name")
+                    if isinstance(name, str):
+                        self._process.setdefault(e.pid, name)
+            elif e.ph in ("s", "t", "f"):
+                t.flows += 1
+            else:
+                t.skipped[f"ph={e.ph or '?'}"] += 1
+        return done
+
+    def _block(self, rows: ev.Rows) -> Block:
+        n = len(rows)
+        pid, tid = ev.id_ints(list(rows.pid))[0], ev.id_ints(list(rows.tid))[0]
+        start = ev.us_to_ns(rows.ts)
+        end = start + np.rint(np.asarray(rows.dur, np.float64) * 1000).astype(np.int64)
+        args = _ANY.decode(b"[" + b",".join(bytes(a) or b"{}" for a in rows.args) + b"]")
+        spans, ids = (
+            [],
+            {"trace": [], "span": np.zeros(n, np.uint64), "parent": np.zeros(n, np.uint64)},
+        )
+        for i, a in enumerate(args):
+            a = a if isinstance(a, dict) else {}
+            attrs = {k: v for k, v in a.items() if k not in _RESERVED}
+            status = str(a.get("status", ""))
+            code, _, msg = status.partition(": ")
+            spans.append(
+                {
+                    "name": rows.name[i],
+                    "attributes": attrs
+                    if "span_id" in a
+                    else {"chrome.cat": rows.cat[i], "thread.id": rows.tid[i], **attrs},
+                    "service": a.get("service") or self._process.get(rows.pid[i]),
+                    "status_code": 2 if code == "ERROR" else 0,
+                    "status_message": msg or None,
+                }
+            )
+            ids["trace"].append(_hex_bytes(a.get("trace_id"), 16))
+            ids["span"][i] = _hex_int(a.get("span_id"))
+            ids["parent"][i] = _hex_int(a.get("parent_span_id"))
+        cols = columns_of(spans)
+        columns = {k: pa.array(v) for k, v in cols.items() if any(x is not None for x in v)}
+        columns["pid"] = pa.array(np.clip(pid, 0, (1 << 31) - 1), pa.int32())
+        static = ev.static_batch(columns, n)
+        thread = np.array(
+            [
+                self._threads.setdefault((int(p), int(t)), len(self._threads))
+                for p, t in zip(pid, tid, strict=True)
+            ],
+            np.int64,
+        )
+        none = np.full(n, -1, np.int64)
+        role = np.full(n, ROLE_CPU, np.int8)
+        return Block(static, start, end, thread, role, none, none.copy(), ids=ids)
+
+
+def _extend(rows: ev.Rows, extra: list[ev.Event]) -> ev.Rows:
+    more = list(map(ev.FIELDS, extra))
+    _, cat, name, pid, tid, ts, dur, args = zip(*more, strict=True)
+    return ev.Rows(
+        rows.cat + cat,
+        rows.name + name,
+        rows.pid + pid,
+        rows.tid + tid,
+        rows.ts + ts,
+        rows.dur + dur,
+        rows.args + args,
+    )
+
+
+def _hex_int(value: Any) -> int:
+    try:
+        return int(value, 16) & ((1 << 64) - 1) if isinstance(value, str) and value else 0
+    except ValueError:
+        return 0
+
+
+def _hex_bytes(value: Any, size: int) -> bytes | None:
+    try:
+        return (
+            bytes.fromhex(value.rjust(size * 2, "0"))[-size:]
+            if isinstance(value, str) and value
+            else None
+        )
+    except ValueError:
+        return None
