@@ -99,25 +99,28 @@ def step_device(st: Step) -> StepDevice:
 
 
 def host_wait(cw: ChipWork) -> tuple[int, int, int]:
-    """(idle, host-wait, other-wait) ns of a chip between its first and last work in a step.
+    """(idle, host-wait, host-wait gaps) of a chip between its first and last work in a
+    step (ns, ns, count).
 
-    The chip is idle between merged busy intervals. An idle gap is *host wait* when the
-    work that ends it had not been launched when the gap began (its runtime call started
-    after the chip went idle: the launch queue was empty, HolisticTraceAnalysis's "host
-    wait"); else the chip idled with work queued (an event, another stream, another rank).
+    The chip is idle between merged busy intervals. An idle gap waits for the host while
+    the work that ends it has not been launched yet: from the gap's start to the start of
+    the runtime call that launched it (its launch queue was empty: HolisticTraceAnalysis's
+    "host wait", which counts the whole gap; the rest of the gap the work sat queued behind
+    something else, an event, another stream or rank, and a faster host would not help).
     """
     busy = cw.busy()
     starts: dict[int, int] = {}  # the earliest known launch of the work starting at s
     for s, _e, k, _n, ls, _le in cw.ops:
         if k in WORK_KINDS and ls is not None:
             starts[s] = min(starts.get(s, ls), ls)
-    idle = hw = 0
+    idle = hw = gaps = 0
     for (_a, b), (c, _d) in zip(busy, busy[1:], strict=False):
         idle += c - b
         launch = starts.get(c)
         if launch is not None and launch > b:
-            hw += c - b
-    return idle, hw, idle - hw
+            hw += min(launch, c) - b
+            gaps += 1
+    return idle, hw, gaps
 
 
 def comm_exposure(cw: ChipWork) -> tuple[int, int, int, dict[str, int]]:

@@ -21,6 +21,7 @@ from chiptrace.analysis.tables import COMPUTE_TYPES
 
 EXPOSED = 0.03  # communication with no compute under it, 3% of a step
 HOST_WAIT = 0.05  # the GPU idle with an empty launch queue, 5% of a step
+LONG_GAP = 1_000_000  # host waits averaging 1 ms are host work, not launch overhead
 LATE = 0.02  # a rank the others wait for at collectives, 2% of a step
 LAST_MOST = 0.5  # ... arriving last at half the collectives or more
 
@@ -109,28 +110,38 @@ def _launch_stats(x: RuleInput) -> dict[str, float]:
     }
 
 
+def _launch_fix(st: dict[str, float], gap_ns: float) -> str:
+    """What to try, from what the waits look like."""
+    if st["kernel"] < st["call"]:
+        return (
+            "its kernels are shorter than the calls that launch them: fuse them "
+            "(torch.compile) or replay the step as a CUDA graph"
+        )
+    if gap_ns >= LONG_GAP:
+        return (
+            "the host does other work between launches (data loading, CPU ops, syncs): "
+            "overlap it with the GPU (DataLoader workers, pinned prefetch) or move it out of "
+            "the step"
+        )
+    return "move Python and host work off the launching thread, or capture the step as a CUDA graph"
+
+
 def launch_bound(x: RuleInput) -> list[Finding]:
     """The GPU idle because its host has not launched the next work yet (an empty launch
-    queue): too many small kernels, or Python between them."""
+    queue): too many small kernels, Python between them, or host work in the step."""
     per = _per_chip(x, lambda cw, sd: (*host_wait(cw), sd.duration_ns))
     if not per:
         return []
     step = statistics.median(r[3] for v in per.values() for r in v)
     wait = {c: statistics.fmean(r[1] for r in v) for c, v in per.items()}
     idle = {c: statistics.fmean(r[0] for r in v) for c, v in per.items()}
+    gaps = {c: statistics.fmean(r[2] for r in v) for c, v in per.items()}
     worst = min(wait, key=lambda c: (-wait[c], c))
     saving = statistics.median(wait.values())
     if not step or saving < HOST_WAIT * step:
         return []
     st = _launch_stats(x)
-    small = st["kernel"] < st["call"]
-    fix = (
-        "kernels are shorter than the calls that launch them: fuse them (torch.compile) or "
-        "replay the step as a CUDA graph"
-        if small
-        else "move Python and host work off the launching thread, or capture the step as a "
-        "CUDA graph"
-    )
+    mean_gap = wait[worst] / max(gaps[worst], 1)
     return [
         x.finding(
             "launch-bound",
@@ -138,6 +149,8 @@ def launch_bound(x: RuleInput) -> list[Finding]:
             {
                 "host_wait_ms_per_step": ms(saving),
                 "worst_host_wait_ms_per_step": ms(wait[worst]),
+                "host_wait_gaps_per_step": round(gaps[worst], 1),
+                "mean_host_wait_us": round(mean_gap / 1e3, 3),
                 "gpu_idle_ms_per_step": ms(statistics.median(idle.values())),
                 "host_wait_share_of_idle": round(sum(wait.values()) / sum(idle.values()), 4)
                 if sum(idle.values())
@@ -150,7 +163,7 @@ def launch_bound(x: RuleInput) -> list[Finding]:
                 "steps_sampled": len(x.steps),
             },
             f"the GPU waits {_t(saving)} a step for its host to launch work (its launch "
-            f"queue runs empty): {fix}",
+            f"queue runs empty): {_launch_fix(st, mean_gap)}",
             saving,
         )
     ]

@@ -18,6 +18,8 @@ from tests.importers import kineto_raw as raw
 from tests.importers.conftest import KINETO, KINETO_FILES
 
 TWO_RANKS = ["2rank_sampled_rank-0.json.gz", "2rank_sampled_rank-1.json.gz"]
+# Every fixture once: the two ranks of one job as one store.
+SETS = [n for n in KINETO_FILES if n not in TWO_RANKS] + ["2rank"]
 GPU_STEPPED = [
     "nccl_data.json.gz",
     "amd_mi250_minitoy_train.json.gz",
@@ -67,10 +69,8 @@ def _finding(report: dict, rule: str) -> dict | None:
 # ------------------------------------------------------------------------ steps
 
 
-@pytest.mark.parametrize("name", [*KINETO_FILES, "2rank"])
+@pytest.mark.parametrize("name", SETS)
 def test_the_guess_and_the_glob_find_the_profiler_steps(name, imported, two_ranks):
-    if name in TWO_RANKS:
-        pytest.skip("covered by 2rank")
     out = _store(name, imported, two_ranks)
     want = sum(len(raw.steps(d)) for d in _docs(name))
     ta = TraceAnalysis(out)  # the guess, on its own
@@ -146,7 +146,7 @@ def test_exposed_comm_is_comm_with_no_compute_on_its_gpu(name, analysed):
 
 def _raw_host_wait(name):
     """Per (file, device): [(idle, host wait, step window)] per step: gaps between the
-    merged work, host wait when the work ending a gap was launched after it began."""
+    merged work; host wait from a gap's start until the work ending it was launched."""
     rows = defaultdict(list)
     for (i, step, dev), ops in _per_step_chip(name).items():
         if not any(o.launch_start is not None for o in ops):
@@ -158,7 +158,7 @@ def _raw_host_wait(name):
             idle += c - b
             launches = [o.launch_start for o in ops if o.start == c and o.launch_start is not None]
             if launches and min(launches) > b:
-                wait += c - b
+                wait += min(min(launches), c) - b  # until the host launched it
         rows[(i, dev)].append((idle, wait, t1 - t0))
     return rows
 
@@ -188,7 +188,7 @@ def test_nccl_data_is_launch_bound_and_exposes_its_all_reduce(analysed):
     rules = [f["rule"] for f in rep["findings"]]
     assert rules[:2] == ["launch-bound", "exposed-comm"]
     lb = _finding(rep, "launch-bound")
-    assert lb["severity"] == "high" and lb["evidence"]["host_wait_share_of_idle"] > 0.95
+    assert lb["severity"] == "high" and lb["evidence"]["host_wait_share_of_idle"] > 0.9
     assert lb["evidence"]["kernel_us_p50"] < lb["evidence"]["launch_call_us_p50"]
     assert "CUDA graph" in lb["suggestion"]
     assert _finding(rep, "exposed-comm")["culprit"].startswith("ncclKernel_AllReduce")
@@ -268,10 +268,8 @@ def test_kernel_breakdown_sums_the_device_events(name, analysed):
 # ---------------------------------------------------------------- critical path
 
 
-@pytest.mark.parametrize("name", [*KINETO_FILES, "2rank"])
+@pytest.mark.parametrize("name", SETS)
 def test_critical_path_shares_stay_within_the_step(name, analysed):
-    if name in TWO_RANKS:
-        pytest.skip("covered by 2rank")
     ta = analysed(name)[0]
     for x in ta.inputs:
         for p in x.paths:
@@ -303,23 +301,33 @@ def test_a_step_lasts_until_the_device_work_it_launched_ends(analysed):
 def _kineto(path, events, steps=((0, 1000),)):
     """A minimal PyTorch profiler trace: ProfilerStep#N annotations plus `events`."""
     evs = [
-        {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i + 1}", "pid": 1,
-         "tid": 1, "ts": s, "dur": e - s, "args": {}}
+        _event("user_annotation", f"ProfilerStep#{i + 1}", 1, s, e - s, {})
         for i, (s, e) in enumerate(steps)
-    ]  # fmt: skip
+    ]
     doc = {"schemaVersion": 1, "deviceProperties": [], "traceEvents": evs + events}
     path.write_text(json.dumps(doc))
     return path
 
 
+def _event(cat, name, pid, ts, dur, args, tid=1):
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": pid,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
 def _launch(corr, ts, dur=5, name="cudaLaunchKernel"):
-    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts,
-            "dur": dur, "args": {"correlation": corr}}  # fmt: skip
+    return _event("cuda_runtime", name, 1, ts, dur, {"correlation": corr})
 
 
 def _kernel(corr, ts, dur, name="gemm"):
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
-            "args": {"correlation": corr, "device": 0, "stream": 7}}  # fmt: skip
+    return _event("kernel", name, 0, ts, dur, {"correlation": corr, "device": 0, "stream": 7}, 7)
 
 
 def test_critical_path_follows_the_gpu_through_a_sync(tmp_path):
@@ -360,10 +368,8 @@ def test_device_work_long_after_its_step_counts_once(tmp_path):
 # ----------------------------------------------------------------------- output
 
 
-@pytest.mark.parametrize("name", [*KINETO_FILES, "2rank"])
+@pytest.mark.parametrize("name", SETS)
 def test_a_training_trace_has_no_endpoints(name, analysed):
-    if name in TWO_RANKS:
-        pytest.skip("covered by 2rank")
     rep = analysed(name)[1]
     assert rep["endpoints"] == []
     assert not {"error-rate", "tail-latency"} & {f["rule"] for f in rep["findings"]}
