@@ -84,7 +84,7 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
         out.append(f"  ... {len(findings) - max_findings} more (--json shows all)")
     out += _path_lines(d)
     out += _kernel_lines(d.get("kernels") or {})
-    out += _launch_lines(d.get("launch") or [])
+    out += _launch_lines(d.get("launch") or [], d["metrics"].get("ranks") or [])
     out += _endpoint_lines(d.get("endpoints") or [])
     if d.get("chips"):
         out += ["", "Chips"]
@@ -150,28 +150,40 @@ def _kernel_lines(k: dict[str, Any]) -> list[str]:
     return out
 
 
-def _launch_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Per rank: its busiest stream's queue, and the stream idle time by cause."""
-    if not rows:
+def _launch_lines(rows: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> list[str]:
+    """Per rank: its GPU time breakdown, its busiest stream's launch queue and idle time."""
+    if not rows and not ranks:
         return []
     by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_rank[r["rank"]].append(r)
     out = [
         "",
-        "Launch queue (HTA's definitions; the busiest stream of each rank): queue length "
-        "mean/max, launch delay p50, stream idle by cause",
+        "Ranks (HTA's definitions): GPU idle / compute / other, comm overlapped by compute; "
+        "the busiest stream's launch queue mean / max, launch delay p50, idle waiting for "
+        "the host",
     ]
-    for rank, rs in sorted(by_rank.items()):
-        r = max(rs, key=lambda x: (x["launches"], -x["stream"]))
-        idle = r["host_wait_ms"] + r["kernel_wait_ms"] + r["other_wait_ms"]
-        share = f"{r['host_wait_ms'] / idle:.0%}" if idle > 0 else "-"
-        out.append(
-            f"  rank {rank:<4} {_s(r['chip_id']):<14} stream {r['stream']:<5} "
-            f"launches {r['launches']:>7,}   queue {_fmt(r['queue_length_mean'])} / "
-            f"{_fmt(r['queue_length_max'])}   delay {_fmt(r['launch_delay_us_p50'])} us   "
-            f"idle {idle:,.1f} ms, host wait {share}"
-        )
+    breakdown = {r["rank"]: r for r in ranks}
+    for rank in sorted(set(by_rank) | set(breakdown)):
+        line = f"  rank {rank:<4}"
+        b = breakdown.get(rank)
+        if b:
+            line += (
+                f" idle {_fmt(b['gpu_idle_pct'])}%  compute {_fmt(b['gpu_compute_pct'])}%  "
+                f"other {_fmt(b['gpu_non_compute_pct'])}%  overlap "
+                f"{_fmt(b['comm_compute_overlap_pct'])}{'%' if b['comm_compute_overlap_pct'] is not None else ''}"
+            )
+        if by_rank.get(rank):
+            r = max(by_rank[rank], key=lambda x: (x["launches"], -x["stream"]))
+            idle = r["host_wait_ms"] + r["kernel_wait_ms"] + r["other_wait_ms"]
+            share = f"{r['host_wait_ms'] / idle:.0%}" if idle > 0 else "-"
+            line += (
+                f"   {_s(r['chip_id'])} stream {r['stream']}: {r['launches']:,} launches, "
+                f"queue {_fmt(r['queue_length_mean'])} / {_fmt(r['queue_length_max'])}, "
+                f"delay {_fmt(r['launch_delay_us_p50'])} us, host wait {share} of "
+                f"{idle:,.1f} ms idle"
+            )
+        out.append(line)
     return out
 
 

@@ -85,6 +85,9 @@ def run_rules(x: RuleInput, rules: Iterable[str] | None = None) -> list[Finding]
     # launch queue, starvation only that the host was busy meanwhile.
     if any(f.rule == "launch-bound" for f in found):
         found = [f for f in found if f.rule != "starvation"]
+    # A late rank is one finding: rank-straggler says whom it keeps waiting, and how long.
+    late = {f.culprit for f in found if f.rule == "rank-straggler"}
+    found = [f for f in found if not (f.rule == "straggler" and f.culprit in late)]
     return sort_findings(found)
 
 

@@ -384,7 +384,7 @@ def test_text_shortens_kernel_names_json_keeps_them(two_ranks, capsys):
     text = capsys.readouterr().out
     assert longest not in text and "GenericPackedTensorAccessor" not in text
     assert "split_embedding_backwar" in text and "Endpoints" not in text
-    for section in ("Device work", "by kind", "Launch queue", "Critical path"):
+    for section in ("Device work", "by kind", "Ranks (HTA", "queue 2", "Critical path"):
         assert section in text
     assert max(len(line) for line in text.splitlines()) < 700
     assert main(["report", str(two_ranks), "--html", str(two_ranks / "r.html")]) == 0
