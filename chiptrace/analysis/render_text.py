@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from chiptrace.analysis.short_names import short_name
+from chiptrace.analysis.short_names import short_name, shorten_in
 
 _MARK = {"high": "!!", "medium": "! ", "low": ". ", "info": "  "}
 
@@ -56,7 +56,7 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
         f" {_MARK.get(f['severity'], '  ')} {_s(f['severity']):<6} {_s(f['rule']):<22} "
         f"{short}{where}  {stake}",
         f"           {ev}",
-        f"           -> {_s(f['suggestion']).replace(culprit, short)}",
+        f"           -> {shorten_in(_s(f['suggestion']).replace(culprit, short))}",
     ]
 
 
@@ -137,14 +137,14 @@ def _kernel_lines(k: dict[str, Any]) -> list[str]:
     )
     out = [
         "",
-        f"Device work ({k['kernels']:,} kernels, copies and syncs on {k['chips']} chip"
+        f"Device work ({k['kernels']:,} ops on {k['chips']} GPU/NPU chip"
         f"{'' if k['chips'] == 1 else 's'}, {k['time_ms']:,.3f} ms summed)",
         f"  by kind    {kinds}",
-        f"  {'top':<60} {'kind':<8} {'count':>7} {'ms':>10} {'share':>7} {'mean us':>9}",
+        f"  {'top':<72} {'kind':<8} {'count':>7} {'ms':>10} {'share':>7} {'mean us':>9}",
     ]
     for r in k.get("top") or []:
         out.append(
-            f"  {short_name(r['name']):<60} {_s(r['kind']):<8} {r['kernels']:>7,} "
+            f"  {short_name(r['name']):<72} {_s(r['kind']):<8} {r['kernels']:>7,} "
             f"{r['time_ms']:>10.3f} {_pct(r['share']):>7} {_fmt(r['mean_us']):>9}"
         )
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-WIDTH = 60
+WIDTH = 72
 ELLIPSIS = "\u2026"
 # A C++ signature: a template list, a qualified name, or an identifier directly followed by
 # its argument list (`Memcpy HtoD (Pinned -> Device)` is none of these and stays as it is).
@@ -71,7 +71,7 @@ def _args(tpl: str, budget: int = 36) -> str:
     parts.append(cur)
     out: list[str] = []
     for p in (p.strip().rsplit("::", 1)[-1].strip() for p in parts):
-        if len(", ".join([*out, p])) > budget:
+        if out and len(", ".join([*out, p])) > budget:  # the first always: it names the kernel
             out.append(ELLIPSIS)
             break
         out.append(p)
@@ -93,8 +93,9 @@ def _strip_lists(s: str) -> str:
 
 def short_name(name: str | None, width: int = WIDTH) -> str:
     """A C++ kernel or function name as its qualified name with `<…>` and `(…)` for the
-    lists it had (`void ` and anonymous namespaces dropped); any name longer than `width`
-    loses leading namespaces, then its middle, to an ellipsis."""
+    top-level template arguments (`void ` and anonymous namespaces dropped); a name longer
+    than `width` loses its template arguments, then leading namespaces, then its middle,
+    to an ellipsis."""
     if name is None:
         return "-"
     s = " ".join(str(name).split())
@@ -104,6 +105,10 @@ def short_name(name: str | None, width: int = WIDTH) -> str:
         s = _strip_lists(s) or s
     if len(s) <= width:
         return s
+    bare = re.sub(r"<[^()]*>(?=\(|$)", "<" + ELLIPSIS + ">", s)  # template arguments go next
+    if len(bare) <= width:
+        return bare
+    s = bare
     if "::" in s:  # keep the function, drop leading namespaces
         tail = s
         while len(tail) > width - 1 and "::" in tail:
@@ -114,3 +119,22 @@ def short_name(name: str | None, width: int = WIDTH) -> str:
     # Cut the middle: kernel variants differ at the end (`..._cta_per_row_1`, `..._warp_...`).
     head = (width - 1) * 2 // 5
     return s[:head] + ELLIPSIS + s[len(s) - (width - 1 - head) :]
+
+
+_START = re.compile(r"(?:void )?[A-Za-z_~][\w:~]*[<(]")
+
+
+def shorten_in(text: str, width: int = WIDTH) -> str:
+    """`text` (a suggestion, evidence) with every C++ signature longer than `width` in it
+    shortened as `short_name` does."""
+    out, i = [], 0
+    for m in _START.finditer(text):
+        if m.start() < i:
+            continue
+        end = _close(text, m.end() - 1)
+        if text[m.end() - 1] == "<" and end < len(text) and text[end] == "(":
+            end = _close(text, end)
+        if end - m.start() > width:
+            out += [text[i : m.start()], short_name(text[m.start() : end], width)]
+            i = end
+    return "".join(out) + text[i:]
