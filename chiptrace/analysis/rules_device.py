@@ -1,9 +1,10 @@
 """Rules about launched device work (imported PyTorch profiler traces): exposed collective
 communication, a GPU starved by its host's launches, and a rank the others wait for.
 
-They read device spans with a `launch` link (a kernel, copy or memset and the runtime call
-that queued it) on GPU/NPU chips, per step and per chip, so they stay silent on traces
-without them (the emulator's, decorated code). Figures are per step of the workload,
+They read device spans on GPU/NPU chips per step and per chip: launch-bound needs spans
+with a `launch` link (a kernel, copy or memset and the runtime call that queued it),
+exposed-comm comm ops on the chips (collective kernels; the emulator's collectives are
+link transfers, which poor-overlap judges), rank-straggler comm ops across ranks. Figures are per step of the workload,
 over the sampled steps (`RuleInput.steps`), each chip on its own: communication on one GPU
 is hidden only by compute on that GPU.
 """
@@ -30,20 +31,22 @@ def _t(ns: float) -> str:
     return f"{ns / 1e6:.3g} ms"
 
 
-def _per_chip(x: RuleInput, fn: Any) -> dict[str, list[Any]]:
-    """fn(ChipWork, StepDevice) per chip over the sampled steps (chips with launched work)."""
+def _per_chip(x: RuleInput, fn: Any, launched: bool = True) -> dict[str, list[Any]]:
+    """fn(ChipWork, StepDevice) per chip over the sampled steps: chips with launched work
+    (else every chip with device work)."""
     out: dict[str, list[Any]] = defaultdict(list)
     for st in x.steps:
         sd = step_device(st)
         for chip, cw in sd.chips.items():
-            if any(o[4] is not None for o in cw.ops):
+            if not launched or any(o[4] is not None for o in cw.ops):
                 out[chip].append(fn(cw, sd))
     return out
 
 
 def exposed_comm(x: RuleInput) -> list[Finding]:
     """Collective kernels (NCCL, RCCL) running while their GPU computes nothing."""
-    per = _per_chip(x, lambda cw, sd: (*comm_exposure(cw), sd.duration_ns))
+    # Any comm op on a GPU (an imported NCCL kernel, a replayed one, a decorated one).
+    per = _per_chip(x, lambda cw, sd: (*comm_exposure(cw), sd.duration_ns), launched=False)
     rows = {c: v for c, v in per.items() if any(r[0] for r in v)}
     if not rows:
         return []
