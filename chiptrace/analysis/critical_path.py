@@ -13,6 +13,18 @@ span that gated the current one's start:
 If an explicit dependency ends right before the span starts it wins; else the latest of all
 candidates does. Time between a predecessor's end and the next span's start is a ``gap``
 segment (untraced work, launch latency), so segment times always add up to the step time.
+
+Device work launched from the host (a span with a `launch` link: an imported PyTorch
+profiler kernel, copy or memset) follows device time:
+
+- the step lasts until the last device work it launched ends, even after its host span
+  ended (a GPU running behind a CPU that queued the whole step); every share is of that;
+- such work is reached from its launch (the link) or from the work before it on its chip,
+  never through host program order: a CPU call is not gated by a kernel it did not wait for;
+- a host call that waits for the device (`cudaDeviceSynchronize`, `cudaStreamSynchronize`,
+  a blocking `cudaMemcpy`, MTIA's `synchronize`) hands the path to the device work of its
+  host that ended during it (via ``sync``): the wait is the GPU's time, not the CPU's.
+
 Cost: O(n log n) in the step's spans; run it on a bounded span set (one step), not a store.
 """
 
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -27,6 +40,9 @@ from typing import Any
 from chiptrace.analysis.model import CriticalPath, PathSegment
 
 _MIN_SLACK_NS = 2_000
+# Host calls that block until the device is done (CUDA, HIP, MTIA runtime names).
+_SYNC = re.compile(r"(?i)synchroni[sz]e|^(cuda|hip)Memcpy(2D|3D)?(WithStream)?$")
+_DEVICE_TYPES = ("gpu", "npu")
 
 
 class _Span:
@@ -38,8 +54,11 @@ class _Span:
         "parent",
         "children",
         "child_ends",
+        "seq",
+        "seq_ends",
         "last_leaf",
         "resource",
+        "launched",
     )
 
     def __init__(self, row: Mapping[str, Any]) -> None:
@@ -50,13 +69,34 @@ class _Span:
         self.parent: _Span | None = None
         self.children: list[_Span] = []
         self.child_ends: list[int] = []  # children's ends, in order, for bisect
+        self.seq: list[_Span] = []  # children in host program order (no launched device work)
+        self.seq_ends: list[int] = []
         self.last_leaf: _Span = self
+        self.launched = _is_launched(row.get("links"))
         if row.get("link_id"):
             self.resource: Any = ("link", row["link_id"], row.get("link_src"), row.get("link_dst"))
         elif row.get("chip_id"):
             self.resource = ("chip", row["chip_id"])
         else:
             self.resource = None
+
+
+def _is_launched(raw: Any) -> bool:
+    """Has an OTel link of kind `launch` (device work pointing at its launching call)."""
+    if not raw or "launch" not in str(raw):
+        return False
+    try:
+        items = json.loads(raw) if isinstance(raw, str) else raw
+        return any(
+            isinstance(i, dict) and (i.get("attributes") or {}).get("kind") == "launch"
+            for i in items
+        )
+    except (ValueError, TypeError, AttributeError):
+        return False
+
+
+def _host(chip: str) -> str:
+    return chip.rsplit("/", 1)[0] if "/" in chip else ""
 
 
 def _link_ids(raw: Any) -> list[str]:
@@ -81,10 +121,14 @@ class _Graph:
                 p.children.append(s)
         self.root = self._pick_root(root_id)
         self.by_resource: dict[Any, list[_Span]] = defaultdict(list)
+        self.device: dict[str, list[_Span]] = defaultdict(list)  # device leaves per host
+        self.end = self.root.end  # ... or the end of the last device work the step launched
+        self.covering: list[_Span] = []  # untagged leaves from the step's start (markers?)
         self._index(self.root)
-        for lst in self.by_resource.values():
+        for lst in (*self.by_resource.values(), *self.device.values()):
             lst.sort(key=lambda x: x.end)
         self.res_ends = {k: [x.end for x in v] for k, v in self.by_resource.items()}
+        self.dev_ends = {k: [x.end for x in v] for k, v in self.device.items()}
 
     def _pick_root(self, root_id: str | None) -> _Span:
         if root_id is not None and root_id in self.spans:
@@ -121,8 +165,16 @@ class _Graph:
         for s in reversed(order):
             if s.children:
                 s.last_leaf = max((c.last_leaf for c in s.children), key=lambda x: x.end)
+                s.seq = [c for c in s.children if not c.last_leaf.launched]
+                s.seq_ends = [c.end for c in s.seq]
+            elif s is not root and s.resource is None and s.start <= root.start:
+                self.covering.append(s)
             elif s is not root and s.resource is not None:
                 self.by_resource[s.resource].append(s)
+                if s.launched and s.row.get("op_kind") != "sync":
+                    self.device[_host(s.resource[1])].append(s)
+            if s.launched:
+                self.end = max(self.end, s.end)
 
     def explicit(self, s: _Span, bound: int) -> tuple[_Span | None, str]:
         best: _Span | None = None
@@ -147,8 +199,8 @@ class _Graph:
         best: _Span | None = None
         node = s
         while node is not self.root and node.parent is not None:
-            sibs = node.parent.children
-            i = bisect.bisect_right(node.parent.child_ends, bound) - 1
+            sibs = node.parent.seq
+            i = bisect.bisect_right(node.parent.seq_ends, bound) - 1
             while i >= 0 and (sibs[i] is node or sibs[i].last_leaf.start >= s.start):
                 i -= 1
             if i >= 0:
@@ -158,15 +210,47 @@ class _Graph:
             node = node.parent
         return best
 
+    def _device_before(self, s: _Span, bound: int) -> _Span | None:
+        """The launched device work of host span `s`'s host that ended last by `bound`."""
+        chip = s.row.get("chip_id")
+        if not chip or s.launched or s.row.get("chip_type") in _DEVICE_TYPES:
+            return None
+        host = _host(str(chip))
+        if host not in self.dev_ends:
+            return None
+        i = bisect.bisect_right(self.dev_ends[host], bound) - 1
+        return self.device[host][i] if i >= 0 else None
+
+    def waited_for(self, s: _Span, top: int) -> _Span | None:
+        """The device work that ended last while `s`, a blocking host call, waited (before
+        `top`, where the path reached it)."""
+        if not _SYNC.search(str(s.row.get("name") or "")):
+            return None
+        dev = self._device_before(s, top)
+        return dev if dev is not None and dev.end > s.start else None
+
     def predecessor(self, s: _Span) -> tuple[_Span | None, str]:
         slack = max(_MIN_SLACK_NS, (s.end - s.start) // 100)
         exp, via = self.explicit(s, s.start + slack)
         if exp is not None and s.start - exp.end <= slack:
             return exp, via
-        seq = self.sequential(s, s.start + slack)
-        if seq is None or (exp is not None and exp.end >= seq.end):
+        if s.launched:  # device work waits on its launch or its chip, not on host order
             return exp, via
-        return seq, "sequence"
+        seq = self.sequential(s, s.start + slack)
+        best, how = (
+            (exp, via)
+            if seq is None or (exp is not None and exp.end >= seq.end)
+            else (
+                seq,
+                "sequence",
+            )
+        )
+        # A host span that starts when device work ends, later than any host work it could
+        # follow, resumed after the device: the host waited (untraced, or a deep queue).
+        dev = self._device_before(s, s.start + slack)
+        if dev is not None and dev.start < s.start and (best is None or dev.end > best.end):
+            return dev, "device"
+        return best, how
 
 
 def _segment(s: _Span, on_path: int, via: str) -> PathSegment:
@@ -186,8 +270,11 @@ def _segment(s: _Span, on_path: int, via: str) -> PathSegment:
     )
 
 
-def _gap(name: str, start: int, end: int) -> PathSegment:
-    return PathSegment(name=name, start_ns=start, end_ns=end, on_path_ns=end - start, via="gap")
+GAP = "(gap)"  # the name of untraced stretches of a path
+
+
+def _gap(start: int, end: int) -> PathSegment:
+    return PathSegment(name=GAP, start_ns=start, end_ns=end, on_path_ns=end - start, via="gap")
 
 
 def critical_path(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> CriticalPath:
@@ -200,8 +287,9 @@ def critical_path(rows: Iterable[Mapping[str, Any]], root_id: str | None = None)
         root_id: the step's root span; default: the longest span without a parent here.
 
     Returns:
-        A CriticalPath whose segments (spans and gaps, in time order) sum to the root's
-        duration. An empty input gives an empty path.
+        A CriticalPath whose segments (spans and gaps, in time order) sum to the step's
+        duration: the root's, or longer when device work it launched ends after it. An empty
+        input gives an empty path.
     """
     rows = list(rows)
     if not rows:
@@ -211,18 +299,39 @@ def critical_path(rows: Iterable[Mapping[str, Any]], root_id: str | None = None)
     trace_id = str(root.row.get("trace_id") or "")
     root_name = str(root.row.get("name"))
     segs: list[PathSegment] = []
-    cur: _Span | None = root.last_leaf
-    t = root.end
+    cur: _Span | None = _last_work(g)
+    t = g.end
     via = "end"
     seen: set[str] = set()
     while cur is not None and cur.id not in seen and cur.end > root.start:
         seen.add(cur.id)
-        if t > cur.end:
-            segs.append(_gap(root_name, cur.end, t))
-        segs.append(_segment(cur, min(cur.end, t) - max(cur.start, root.start), via))
-        t = max(cur.start, root.start)
+        top = min(cur.end, t)
+        if t > top:
+            segs.append(_gap(top, t))
+        dev = g.waited_for(cur, top)
+        if dev is not None and dev.id not in seen:
+            # The host call blocked on the device: its tail is the call, the rest the device's.
+            low = max(dev.end, root.start)
+            segs.append(_segment(cur, top - low, via))
+            t, cur, via = low, dev, "sync"
+            continue
+        low = min(max(cur.start, root.start), top)
+        segs.append(_segment(cur, top - low, via))
+        t = low
         cur, via = g.predecessor(cur)
     if t > root.start:
-        segs.append(_gap(root_name, root.start, t))
+        segs.append(_gap(root.start, t))
     segs.reverse()
-    return CriticalPath(trace_id, root_name, root.start, root.end, tuple(segs))
+    return CriticalPath(trace_id, root_name, root.start, g.end, tuple(segs), root.end)
+
+
+def _last_work(g: _Graph) -> _Span:
+    """Where the walk starts: the leaf that ends last, device work the step launched
+    included. An untagged leaf that spans the whole step (Kineto's `PyTorch Profiler (0)`
+    session marker, adopted by the step it starts with) is not work: the latest leaf on a
+    chip or link goes first."""
+    ends = [lst[-1] for lst in (*g.by_resource.values(), *g.device.values()) if lst]
+    last = max([g.root.last_leaf, *ends], key=lambda x: x.end)
+    if last in g.covering and last.end >= g.root.end and ends:
+        return max(ends, key=lambda x: x.end)
+    return last

@@ -80,7 +80,10 @@ RULE_ORDER = (
     "link-bound",
     "compute-bound",
     "load-imbalance",
+    "rank-straggler",
+    "launch-bound",
     "starvation",
+    "exposed-comm",
     "poor-overlap",
     "latency-bound",
     "step-outliers",
@@ -140,6 +143,7 @@ class CriticalPath:
     start_ns: int
     end_ns: int
     segments: tuple[PathSegment, ...] = field(default_factory=tuple)
+    root_end_ns: int | None = None  # the root span's end, where device work runs past it
 
     @property
     def duration_ns(self) -> int:

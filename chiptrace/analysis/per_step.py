@@ -189,8 +189,8 @@ def load_workloads(
         rows = [wl.step_rows(con, c, where, None) for c in choices]
     else:
         src = wl.in_window(cands, where)
-        choices = wl.guess(con, src)
-        rows = [wl.step_rows(con, c, where, src) for c in choices]
+        choices = wl.guess(con, src, where=where)
+        rows = [wl.step_rows(con, c, where, None if c.glob else src) for c in choices]
     n_steps = sum(r.num_rows for r in rows)
     big = spans > SMALL_STEP_SPANS * max(n_steps, 1)
     out = []

@@ -27,11 +27,17 @@ from __future__ import annotations
 
 from typing import Any
 
-RANKS_SQL = r"""
+# The device events HTA keeps, one row each: rank, chip, name, stream, category, the span
+# link to the launching call, times in HTA's whole us (`ts` start, `e` end). Shared by the
+# launch-queue figures (analysis/launch.py), which HTA computes over the same events.
+KEPT_SQL = r"""
 WITH dev AS (
     SELECT coalesce(TRY_CAST(json_extract_string(resource, '$."distributed.rank"') AS BIGINT), 0)
              AS rank,
-           CAST(name AS VARCHAR) AS name, links,
+           CAST(chip_id AS VARCHAR) AS chip_id, CAST(name AS VARCHAR) AS name, links,
+           TRY_CAST(trim(json_extract_string(attributes, '$.stream')) AS BIGINT) AS stream,
+           json_extract_string(attributes, '$."kineto.cat"') AS cat,
+           TRY(from_hex(json_extract_string(links, '$[0].span_id'))) AS launch_id,
            (start_ns + 999) // 1000 AS ts, end_ns // 1000 AS e
     FROM spans_raw
     WHERE chip_type IN ('gpu', 'npu') AND attributes IS NOT NULL
@@ -49,16 +55,20 @@ steps AS (
 filtering AS (SELECT count(DISTINCT name) >= 2 AS on FROM steps),
 last_step AS (SELECT rank, max(ts) AS ts FROM steps GROUP BY rank),
 launch AS (
-    SELECT span_id, (start_ns + 999) // 1000 AS ts FROM spans_raw
-    WHERE op_kind = 'launch'
+    SELECT span_id, CAST(name AS VARCHAR) AS name, (start_ns + 999) // 1000 AS ts,
+           end_ns // 1000 AS e
+    FROM spans_raw WHERE op_kind = 'launch'
 ),
 kept AS (
     SELECT d.* FROM dev d, filtering f
     WHERE NOT f.on OR EXISTS (
         SELECT 1 FROM launch l JOIN last_step s ON s.rank = d.rank
-        WHERE l.span_id = TRY(from_hex(json_extract_string(d.links, '$[0].span_id')))
-          AND l.ts < s.ts)
-),
+        WHERE l.span_id = d.launch_id AND l.ts < s.ts)
+)"""
+
+RANKS_SQL = (
+    KEPT_SQL
+    + r""",
 typed AS (
     SELECT rank, ts, e,
            CASE WHEN regexp_matches(name, '^nccl.*Kernel') THEN 'comm'
@@ -88,6 +98,17 @@ SELECT rank, grp, sum(e - ts) AS len, min(ts) AS first_ts, arg_max(e, ts) AS las
        count(*) AS groups
 FROM merged GROUP BY ALL ORDER BY rank, grp
 """
+)
+
+
+def kept_sql(sql: str, since_ns: int | None, until_ns: int | None) -> str:
+    """`sql` (built on KEPT_SQL) with its device events limited to a Unix-ns range."""
+    cond = ""
+    if since_ns is not None:
+        cond += f" AND end_ns > {int(since_ns)}"
+    if until_ns is not None:
+        cond += f" AND start_ns < {int(until_ns)}"
+    return sql.replace("{range}", cond)
 
 
 def _pct(part: float, whole: float) -> float | None:
@@ -105,12 +126,7 @@ def rank_breakdown(
         con: a `chiptrace.connect()` connection (it has `spans_raw`).
         since_ns, until_ns: only device events inside this Unix-ns range.
     """
-    cond = ""
-    if since_ns is not None:
-        cond += f" AND end_ns > {int(since_ns)}"
-    if until_ns is not None:
-        cond += f" AND start_ns < {int(until_ns)}"
-    rows = con.execute(RANKS_SQL.replace("{range}", cond)).fetchall()
+    rows = con.execute(kept_sql(RANKS_SQL, since_ns, until_ns)).fetchall()
     by_rank: dict[int, dict[str, tuple[int, int, int]]] = {}
     for rank, grp, length, first, last, _ in rows:
         by_rank.setdefault(int(rank), {})[grp] = (int(length), int(first), int(last))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from chiptrace.analysis.short_names import short_name
+
 _COLORS = {
     "gpu": "#2f7ed8",
     "cpu": "#8bbc21",
@@ -36,6 +38,13 @@ def _color(key: str, i: int) -> str:
 
 def _e(v: Any) -> str:
     return html.escape("-" if v is None else str(v))
+
+
+def _name(v: Any, width: int = 70) -> str:
+    """A long (C++) name shortened, the full one in its tooltip."""
+    full = "-" if v is None else str(v)
+    short = short_name(full, width)
+    return _e(short) if short == full else f'<span title="{_e(full)}">{_e(short)}</span>'
 
 
 def utilization_svg(util: dict[str, Any], width: int = 900, height: int = 240) -> str:
@@ -111,7 +120,7 @@ def _findings_table(findings: list[dict[str, Any]]) -> str:
         saves = f"{saving:.4g} ms ({f['share']:.1%})" if saving else f"{f['share']:.1%}"
         rows.append(
             f'<tr><td><span class="sev" style="background:{_SEV.get(f["severity"], "#777")}">'
-            f"{_e(f['severity'])}</span></td><td>{_e(f['rule'])}</td><td>{_e(f['culprit'])}</td>"
+            f"{_e(f['severity'])}</span></td><td>{_e(f['rule'])}</td><td>{_name(f['culprit'])}</td>"
             f'<td>{_e(f.get("step"))}</td><td class="n">{_e(saves)}</td><td>{_e(f["suggestion"])}'
             f'<div class="ev">{ev}</div></td></tr>'
         )
@@ -141,6 +150,37 @@ def _rows_table(rows: list[dict[str, Any]], empty: str) -> str:
         for r in rows
     )
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _kernels_section(k: dict[str, Any]) -> list[str]:
+    if not k.get("kernels"):
+        return []
+    rows = [
+        "<table><tr><th>kernel</th><th>kind</th><th>count</th><th>ms</th><th>share</th>"
+        "<th>mean us</th><th>chips</th></tr>"
+    ]
+    for r in k.get("top") or []:
+        rows.append(
+            f"<tr><td>{_name(r['name'])}</td><td>{_e(r['kind'])}</td>"
+            + "".join(
+                f'<td class="n">{_e(r[c])}</td>'
+                for c in ("kernels", "time_ms", "share", "mean_us", "chips")
+            )
+            + "</tr>"
+        )
+    return [
+        "<h2>Device work by kind</h2>",
+        f"<p>{k['kernels']:,} kernels, copies and syncs on {k['chips']} chips, "
+        f"{k['time_ms']:,.3f} ms summed.</p>",
+        _rows_table(k.get("by_kind") or [], "No device work."),
+        "<h2>Top kernels</h2>",
+        "".join(rows) + "</table>",
+    ]
+
+
+def _optional(title: str, rows: list[dict[str, Any]] | None) -> list[str]:
+    """A section shown only when it has rows (launch queues, endpoints)."""
+    return [f"<h2>{_e(title)}</h2>", _rows_table(rows, "")] if rows else []
 
 
 def _median_section(med: dict[str, Any] | None, cp: dict[str, Any] | None) -> list[str]:
@@ -191,12 +231,13 @@ def render_html(d: dict[str, Any]) -> str:
         else "",
         breakdown_svg(shares),
         *_median_section(d.get("critical_path_median"), cp),
+        *_kernels_section(d.get("kernels") or {}),
+        *_optional("Launch queue per rank and stream (HTA's definitions)", d.get("launch")),
         "<h2>Chips</h2>",
         _rows_table(d.get("chips", []), "No chip-tagged spans."),
         "<h2>Links</h2>",
         _rows_table(d.get("links", []), "No link transfers."),
-        "<h2>Endpoints</h2>",
-        _rows_table(d.get("endpoints") or [], "No endpoints."),
+        *_optional("Endpoints", d.get("endpoints")),
     ]
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"

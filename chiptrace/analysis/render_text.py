@@ -6,7 +6,10 @@ compute nothing but layout.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
+
+from chiptrace.analysis.short_names import short_name, shorten_in
 
 _MARK = {"high": "!!", "medium": "! ", "low": ". ", "info": "  "}
 
@@ -15,7 +18,7 @@ def _fmt(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
     return str(v)
 
 
@@ -32,8 +35,9 @@ def _steps_lines(d: dict[str, Any]) -> list[str]:
     out = []
     for w in d.get("workloads") or []:
         out.append(
-            f"  step {_s(w['step'])!r}: {w['steps']:,} steps, p50 {_fmt(w['step_ms_p50'])} ms, "
-            f"p99 {_fmt(w['step_ms_p99'])} ms, comm share {_pct(w.get('comm_share'))}"
+            f"  step {_s(w['step'])!r}: {w['steps']:,} step{'' if w['steps'] == 1 else 's'}, "
+            f"p50 {_fmt(w['step_ms_p50'])} ms, p99 {_fmt(w['step_ms_p99'])} ms, "
+            f"comm share {_pct(w.get('comm_share'))}"
         )
         out.append(f"     chosen: {_s(w['reason'])}")
     return out or ["  steps: none found (no span has children; --step GLOB names them)"]
@@ -46,11 +50,13 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
         stake = f"saves ~{_fmt(f['saving_ms'])} ms/step ({_fmt(f.get('saving_pct'))}%)"
     else:
         stake = f"({_pct(f.get('share'))} at stake)"
+    culprit = _s(f["culprit"])
+    short = short_name(culprit)
     return [
         f" {_MARK.get(f['severity'], '  ')} {_s(f['severity']):<6} {_s(f['rule']):<22} "
-        f"{_s(f['culprit'])}{where}  {stake}",
+        f"{short}{where}  {stake}",
         f"           {ev}",
-        f"           -> {_s(f['suggestion'])}",
+        f"           -> {shorten_in(_s(f['suggestion']).replace(culprit, short))}",
     ]
 
 
@@ -77,6 +83,8 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
     if len(findings) > max_findings:
         out.append(f"  ... {len(findings) - max_findings} more (--json shows all)")
     out += _path_lines(d)
+    out += _kernel_lines(d.get("kernels") or {})
+    out += _launch_lines(d.get("launch") or [], d["metrics"].get("ranks") or [])
     out += _endpoint_lines(d.get("endpoints") or [])
     if d.get("chips"):
         out += ["", "Chips"]
@@ -92,9 +100,13 @@ def _path_lines(d: dict[str, Any]) -> list[str]:
     m, cp = d["metrics"], d.get("critical_path")
     out: list[str] = []
     if cp:
+        tail = ""
+        if cp.get("root_ms") is not None and cp["root_ms"] < cp["duration_ms"]:
+            tail = f": its span {cp['root_ms']:.3f} ms, then device work it launched"
         out += [
             "",
-            f"Critical path of the slowest step ({_s(cp['root'])}, {cp['duration_ms']:.3f} ms)",
+            f"Critical path of the slowest step ({_s(cp['root'])}, "
+            f"{cp['duration_ms']:.3f} ms{tail})",
         ]
         for label, key in (
             ("chip type", "by_chip_type"),
@@ -102,7 +114,7 @@ def _path_lines(d: dict[str, Any]) -> list[str]:
             ("op kind", "by_op_kind"),
             ("span", "by_name"),
         ):
-            parts = "   ".join(f"{_s(k)} {_pct(v)}" for k, v in cp[key].items())
+            parts = "   ".join(f"{short_name(_s(k), 50)} {_pct(v)}" for k, v in cp[key].items())
             out.append(f"  by {label:<10} {parts}")
     if not cp and m.get("steps") and not m.get("steps_sampled"):
         out += [
@@ -114,6 +126,64 @@ def _path_lines(d: dict[str, Any]) -> list[str]:
     if med and cp and med["trace_id"] != cp["trace_id"]:
         parts = "   ".join(f"{_s(k)} {_pct(v)}" for k, v in med["by_chip_type"].items())
         out.append(f"  median step ({med['duration_ms']:.3f} ms) by chip type  {parts}")
+    return out
+
+
+def _kernel_lines(k: dict[str, Any]) -> list[str]:
+    if not k.get("kernels"):
+        return []
+    kinds = "   ".join(
+        f"{r['kind']} {_pct(r['share'])} ({r['kernels']:,})" for r in k.get("by_kind") or []
+    )
+    out = [
+        "",
+        f"Device work ({k['kernels']:,} ops on {k['chips']} GPU/NPU chip"
+        f"{'' if k['chips'] == 1 else 's'}, {k['time_ms']:,.3f} ms summed)",
+        f"  by kind    {kinds}",
+        f"  {'top':<72} {'kind':<8} {'count':>7} {'ms':>10} {'share':>7} {'mean us':>9}",
+    ]
+    for r in k.get("top") or []:
+        out.append(
+            f"  {short_name(r['name']):<72} {_s(r['kind']):<8} {r['kernels']:>7,} "
+            f"{r['time_ms']:>10.3f} {_pct(r['share']):>7} {_fmt(r['mean_us']):>9}"
+        )
+    return out
+
+
+def _launch_lines(rows: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> list[str]:
+    """Per rank: its GPU time breakdown, its busiest stream's launch queue and idle time."""
+    if not rows and not ranks:
+        return []
+    by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_rank[r["rank"]].append(r)
+    out = [
+        "",
+        "Ranks (HTA's definitions): GPU idle / compute / other, comm overlapped by compute; "
+        "the busiest stream's launch queue mean / max, launch delay p50, idle waiting for "
+        "the host",
+    ]
+    breakdown = {r["rank"]: r for r in ranks}
+    for rank in sorted(set(by_rank) | set(breakdown)):
+        line = f"  rank {rank:<4}"
+        b = breakdown.get(rank)
+        if b:
+            line += (
+                f" idle {_fmt(b['gpu_idle_pct'])}%  compute {_fmt(b['gpu_compute_pct'])}%  "
+                f"other {_fmt(b['gpu_non_compute_pct'])}%  overlap "
+                f"{_fmt(b['comm_compute_overlap_pct'])}{'%' if b['comm_compute_overlap_pct'] is not None else ''}"
+            )
+        if by_rank.get(rank):
+            r = max(by_rank[rank], key=lambda x: (x["launches"], -x["stream"]))
+            idle = r["host_wait_ms"] + r["kernel_wait_ms"] + r["other_wait_ms"]
+            share = f"{r['host_wait_ms'] / idle:.0%}" if idle > 0 else "-"
+            line += (
+                f"   {_s(r['chip_id'])} stream {r['stream']}: {r['launches']:,} launches, "
+                f"queue {_fmt(r['queue_length_mean'])} / {_fmt(r['queue_length_max'])}, "
+                f"delay {_fmt(r['launch_delay_us_p50'])} us, host wait {share} of "
+                f"{idle:,.1f} ms idle"
+            )
+        out.append(line)
     return out
 
 

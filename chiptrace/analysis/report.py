@@ -25,11 +25,13 @@ class Report:
     median_path: CriticalPath | None = None
     workloads: list[dict[str, Any]] = field(default_factory=list)
     endpoints: list[dict[str, Any]] = field(default_factory=list)
+    kernels: dict[str, Any] = field(default_factory=dict)
+    launch: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Stable keys: version, sources, metrics, findings (one ranked list over every
         workload), critical_path (slowest step of the first workload), critical_path_median,
-        workloads, endpoints, utilization, chips, links (docs/sql.md)."""
+        workloads, endpoints, kernels, launch, utilization, chips, links (docs/sql.md)."""
         return {
             "version": REPORT_VERSION,
             "sources": self.sources,
@@ -39,6 +41,8 @@ class Report:
             "critical_path_median": path_dict(self.median_path, max_segments=0),
             "workloads": self.workloads,
             "endpoints": self.endpoints,
+            "kernels": self.kernels,
+            "launch": self.launch,
             "utilization": self.utilization,
             "chips": self.chips,
             "links": self.links,
@@ -61,10 +65,12 @@ def path_dict(p: CriticalPath | None, max_segments: int = 200) -> dict[str, Any]
         }
         for s in p.segments[:max_segments]
     ]
+    root_end = p.end_ns if p.root_end_ns is None else min(p.root_end_ns, p.end_ns)
     return {
         "trace_id": p.trace_id,
         "root": p.root,
         "duration_ms": round(p.duration_ns / 1e6, 6),
+        "root_ms": round((root_end - p.start_ns) / 1e6, 6),
         "by_chip_type": _r(p.share("chip_type")),
         "by_link_type": _r(p.share("link_type")),
         "by_op_kind": _r(p.share("op_kind")),

@@ -8,6 +8,7 @@ errors all show in plain OpenTelemetry spans and the host samples of `chiptrace 
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import defaultdict
 from typing import Any
@@ -172,26 +173,36 @@ def host_contention(x: RuleInput) -> list[Finding]:
 
 ENDPOINTS_SQL = """
 WITH e AS (
-    SELECT CAST(name AS VARCHAR) AS name, kind = 2 AS server, status_code,
-           CAST(status_message AS VARCHAR) AS msg,
+    SELECT CAST(name AS VARCHAR) AS name, kind = 2 AS server, kind IN (3, 4, 5) AS remote,
+           status_code, CAST(status_message AS VARCHAR) AS msg,
+           coalesce(regexp_matches(attributes, '"(http|url|rpc|server)[.]'), false) AS web,
            greatest(least(end_ns, {hi}) - greatest(start_ns, {lo}), 0) AS d
     FROM spans_raw WHERE {where} AND (kind = 2 OR parent_span_id IS NULL))
 SELECT name, server, count(*) AS requests, count(*) FILTER (WHERE status_code = 2) AS errors,
        quantile_cont(d, 0.5) AS p50, quantile_cont(d, 0.95) AS p95,
        quantile_cont(d, 0.99) AS p99, avg(d) AS mean,
        avg(d) FILTER (WHERE status_code = 2) AS error_mean,
-       mode(msg) FILTER (WHERE status_code = 2) AS message
+       mode(msg) FILTER (WHERE status_code = 2) AS message, bool_or(remote OR web) AS service
 FROM e GROUP BY name, server"""
+# A root named like a request: an HTTP method and a path, or a path.
+_REQUEST_NAME = re.compile(r"^((GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS)\s|/)")
 
 
 def endpoints(con: Any, lo: int, hi: int, where: str) -> list[dict[str, Any]]:
     """Per endpoint (server spans, else root spans): requests, errors, error rate and
-    latency percentiles (ms), the busiest MAX_ENDPOINTS. One pass over the store."""
+    latency percentiles (ms), the busiest MAX_ENDPOINTS. One pass over the store.
+
+    Root spans are endpoints only in a service's trace (client/producer/consumer kinds,
+    HTTP/RPC attributes, roots named like requests); elsewhere (a training loop, a profiler
+    trace whose roots are steps and stray kernels) only roots that failed are listed."""
     rows = con.sql(ENDPOINTS_SQL.format(lo=lo, hi=hi, where=where)).fetchall()
     servers = any(r[1] for r in rows)
-    rows = sorted((r for r in rows if bool(r[1]) == servers), key=lambda r: (-r[2], r[0]))
+    rows = [r for r in rows if bool(r[1]) == servers]
+    if not servers and not any(r[10] or _REQUEST_NAME.match(r[0] or "") for r in rows):
+        rows = [r for r in rows if r[3]]
+    rows.sort(key=lambda r: (-r[2], r[0]))
     out = []
-    for name, _, n, errors, p50, p95, p99, mean, emean, msg in rows[:MAX_ENDPOINTS]:
+    for name, _, n, errors, p50, p95, p99, mean, emean, msg, _ in rows[:MAX_ENDPOINTS]:
         out.append(
             {
                 "name": name,

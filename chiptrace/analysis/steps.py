@@ -113,6 +113,7 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
         f"SELECT {cols} FROM spans_raw WHERE start_ns >= {int(lo)} AND start_ns <= {int(hi)} "
         f"AND trace_id IN ({ids})"
     ).fetchall()
+    result += _late_device_work(con, result, cols, ids, hi)
     names = [alias for _, alias in _COLUMNS]
     by_trace: dict[str, list[dict[str, Any]]] = {}
     for row in result:
@@ -142,6 +143,19 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
             )
         )
     return out
+
+
+def _late_device_work(con: Any, rows: list[tuple], cols: str, ids: str, hi: int) -> list[tuple]:
+    """Device work a step launched may start after its host span ends (a GPU behind a CPU
+    that queued ahead): read it too, but only for traces with launch calls (others never
+    pay for this second read)."""
+    kind = [alias for _, alias in _COLUMNS].index("op_kind")
+    if not any(r[kind] == "launch" for r in rows):
+        return []
+    return con.sql(
+        f"SELECT {cols} FROM spans_raw WHERE start_ns > {int(hi)} AND trace_id IN ({ids}) "
+        f"AND links IS NOT NULL AND chip_type IN ('gpu', 'npu')"
+    ).fetchall()
 
 
 def descendants(spans: Sequence[dict[str, Any]], root_id: str) -> tuple[dict[str, Any], ...]:

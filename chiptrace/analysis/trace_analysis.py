@@ -13,10 +13,13 @@ import pyarrow.compute as pc
 from chiptrace.analysis import metrics as _metrics
 from chiptrace.analysis import rules_chips as rc
 from chiptrace.analysis import rules_comm as rm
+from chiptrace.analysis import rules_device as rd
 from chiptrace.analysis import rules_links as rl
 from chiptrace.analysis import rules_roofline as rr
 from chiptrace.analysis import rules_run as rn
 from chiptrace.analysis.critical_path import critical_path
+from chiptrace.analysis.kernels import kernel_breakdown
+from chiptrace.analysis.launch import launch_queue
 from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
 from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
@@ -49,6 +52,9 @@ RULES: dict[str, Rule] = {
     "link-down": rl.link_down,
     "latency-bound": rm.latency_bound,
     "poor-overlap": rm.poor_overlap,
+    "exposed-comm": rd.exposed_comm,
+    "launch-bound": rd.launch_bound,
+    "rank-straggler": rd.rank_straggler,
     "step-outliers": rn.step_outliers,
     "dropped-spans": rm.dropped_spans,
     "host-contention": rn.host_contention,
@@ -75,6 +81,13 @@ def run_rules(x: RuleInput, rules: Iterable[str] | None = None) -> list[Finding]
         if name == "straggler":
             stragglers = {f.culprit for f in out}
         found += out
+    # A GPU idle while its host launches is one finding, not two: launch-bound names the
+    # launch queue, starvation only that the host was busy meanwhile.
+    if any(f.rule == "launch-bound" for f in found):
+        found = [f for f in found if f.rule != "starvation"]
+    # A late rank is one finding: rank-straggler says whom it keeps waiting, and how long.
+    late = {f.culprit for f in found if f.rule == "rank-straggler"}
+    found = [f for f in found if not (f.rule == "straggler" and f.culprit in late)]
     return sort_findings(found)
 
 
@@ -271,8 +284,9 @@ class TraceAnalysis:
                     "critical_path": slowest,
                 }
             )
+        metrics = self.metrics()
         return Report(
-            self.metrics(),
+            metrics,
             self.findings(),
             self.critical_path(),
             utilization_series(t),
@@ -282,6 +296,9 @@ class TraceAnalysis:
             median,
             workloads,
             self.endpoints,
+            kernel_breakdown(t),
+            # HTA's launch queue needs its device events: none where metrics.ranks has none
+            launch_queue(self.con, self.since_ns, self.until_ns) if metrics["ranks"] else [],
         )
 
     def _range(self) -> str:

@@ -5,6 +5,8 @@ names them (`'ProfilerStep#*'`, `'GET /*'`): any span whose name matches, root o
 (a match nested in another match is part of that step). Without it, the guess reads only
 the spans that have children (one aggregate query; they are few) and prefers, in order:
 
+0. the PyTorch profiler's own step markers, `ProfilerStep#N` (an imported Kineto trace or
+   `chiptrace.torch`), however many and whether or not they have children;
 1. spans with a step attribute (`train.step`, `step`, `iteration`: a number) that repeat;
 2. the outermost spans that repeat: roots when roots repeat (one trace per step, per
    request), else the first level down that does (a loop inside one `train` span);
@@ -15,7 +17,10 @@ name, written as a glob (`ProfilerStep#*`). Several names at the chosen level ar
 workloads (mixed: `train_step` and `request`), each analysed on its own, so steps of
 different names never mix. A name whose spans are mostly what another workload's steps
 link to (the emulator's inference `batch`, which each `request` links to) is that
-workload's back end, not a workload of its own.
+workload's back end, not a workload of its own. Device work (a span with a `launch` link:
+a kernel, or a stream sync that encloses a copy) and a profiler's operator and runtime calls
+(Kineto's `cpu_op`, `cuda_runtime`: `aten::to` repeats, but inside the steps) are never
+steps.
 """
 
 from __future__ import annotations
@@ -32,8 +37,14 @@ import pyarrow as pa
 from chiptrace.analysis.errors import StepError
 
 MAX_WORKLOADS = 4  # the busiest step names analysed; more are listed in the reason
+PROFILER_STEPS = "ProfilerStep#*"  # torch.profiler's step annotation, one per schedule step
+_PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+_PROFILER_REASON = "the PyTorch profiler's step markers ({n} spans named ProfilerStep#N)"
 _NUMBERED = re.compile(r"^(.*\D)(\d+)$", re.S)
 _STEP_ATTR = r'"(?:[^"]*[._])?(?:step|iteration)"\s*:\s*-?[0-9]'
+# A profiler's operator or runtime call (Kineto's `cpu_op`, `cuda_runtime`...): library work
+# inside a step, never the step itself, however often it repeats.
+_OP_CALL = r'"kineto[.]cat"\s*:\s*"(?:cpu_op|cuda_driver|[a-z0-9_]*_runtime)"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +55,7 @@ class StepChoice:
     names: tuple[str, ...]
     spans: int
     reason: str
+    glob: str | None = None  # the pattern that named it; its steps are then read from the store
 
 
 def family(name: str) -> str:
@@ -82,6 +94,7 @@ def candidates(con: Any) -> Any:
         SELECT s.trace_id, s.span_id, s.parent_span_id, CAST(s.name AS VARCHAR) AS name,
                s.start_ns, greatest(s.end_ns, s.start_ns) AS end_ns, s.links,
                coalesce(regexp_matches(s.attributes, '{_STEP_ATTR}'), false) AS attr,
+               coalesce(regexp_matches(s.attributes, '{_OP_CALL}'), false) AS op_call,
                s.chip_id IS NOT NULL AS on_chip, s.link_id IS NOT NULL AS on_link,
                p.chip_child, p.link_child
         FROM spans_raw s JOIN p ON p.id = s.span_id""")
@@ -113,6 +126,7 @@ def _families(con: Any, tmp: str) -> dict[str, _Family]:
                bool_or(c.attr) AS attr, sum(CAST(c.end_ns AS DOUBLE) - c.start_ns) AS ns
         FROM {tmp} c LEFT JOIN {tmp} pc
              ON pc.span_id = c.parent_span_id AND pc.trace_id = c.trace_id
+        WHERE NOT c.op_call AND NOT coalesce(c.links LIKE '%"kind":"launch"%', false)
         GROUP BY ALL""").fetchall()
     fams: dict[str, _Family] = {}
     for name, parent, root, n, attr, ns in rows:
@@ -185,11 +199,19 @@ def _back_ends(con: Any, tmp: str, fams: dict[str, _Family]) -> dict[str, str]:
     return {b: a for (a, b), n in targets.items() if n * 2 >= fams[b].spans}
 
 
-def guess(con: Any, tmp: str, max_workloads: int = MAX_WORKLOADS) -> list[StepChoice]:
-    """The workloads' steps as the module docstring describes, busiest first."""
+def guess(
+    con: Any, tmp: str, max_workloads: int = MAX_WORKLOADS, where: str | None = None
+) -> list[StepChoice]:
+    """The workloads' steps as the module docstring describes, busiest first (`where`, the
+    analysed range's SQL condition, lets profiler steps without children be found too)."""
     fams = _families(con, tmp)
     if not fams:
         return []
+    if where is not None and any(_PROFILER_STEP.match(n) for f in fams.values() for n in f.names):
+        return [
+            StepChoice(c.name, c.names, c.spans, _PROFILER_REASON.format(n=c.spans), c.glob)
+            for c in choose_glob(con, where, PROFILER_STEPS, max_workloads)
+        ]
     depth = _depths(fams)
     back = _back_ends(con, tmp, fams)
     repeating = [f for f in fams.values() if f.spans >= 2 and f.name not in back]
@@ -254,9 +276,8 @@ def choose_glob(con: Any, where: str, pattern: str, max_workloads: int = MAX_WOR
     for key, names in ranked[:max_workloads]:
         name = key if len(names) > 1 else next(iter(names))
         spans = sum(names.values())
-        out.append(
-            StepChoice(name, tuple(sorted(names)), spans, f"--step {pattern!r}: {spans} spans")
-        )
+        reason = f"--step {pattern!r}: {spans} spans"
+        out.append(StepChoice(name, tuple(sorted(names)), spans, reason, pattern))
     return out
 
 

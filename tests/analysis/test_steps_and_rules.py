@@ -15,7 +15,9 @@ from chiptrace.host.metrics import METRICS_TABLE, METRICS_WRITE_OPTIONS, Sample,
 from chiptrace.store import PartWriter
 
 
-def _torch_loop(b: TraceBuilder, steps: int = 20, slow: int = 13, factor: float = 27) -> None:
+def _torch_loop(
+    b: TraceBuilder, steps: int = 20, slow: int = 13, factor: float = 27, name: str = "ProfilerStep"
+) -> None:
     """One `train` root; under it ProfilerStep#N, each a data load and three ops on a GPU.
     Step `slow` waits `factor` times a step for its data."""
     tr = b.new_trace()
@@ -26,7 +28,7 @@ def _torch_loop(b: TraceBuilder, steps: int = 20, slow: int = 13, factor: float 
     for i in range(steps):
         data_us = 100 + (factor - 1) * step_us if i == slow else 100
         dur = data_us + 900
-        s = b.span(f"ProfilerStep#{i}", t, t + dur, trace=tr, parent=root)
+        s = b.span(f"{name}#{i}", t, t + dur, trace=tr, parent=root)
         b.span("DataLoader.__next__", t, t + data_us, trace=tr, parent=s, chip="cpu:0", op="host")
         for k in range(3):
             a = t + data_us + 300 * k
@@ -50,11 +52,22 @@ def _busy_host(d: Path, t0_ns: int, t1_ns: int, cpus: int = 4, program_pct: floa
 
 def test_guess_prefers_a_numbered_repeating_span_that_is_not_a_root(tmp_path: Path) -> None:
     b = TraceBuilder()
-    _torch_loop(b)
+    _torch_loop(b, name="Iteration")
     ta = TraceAnalysis(b.write(tmp_path / "t"))
     (w,) = ta.tables.workloads
-    assert w.name == "ProfilerStep#*" and w.steps.num_rows == 20
+    assert w.name == "Iteration#*" and w.steps.num_rows == 20
     assert "differ by a number" in w.choice.reason and "repeats" in w.choice.reason
+
+
+def test_guess_takes_profiler_steps_first(tmp_path: Path) -> None:
+    b = TraceBuilder()
+    _torch_loop(b)
+    tr = b.new_trace()  # a lone profiler step without children still counts
+    b.span("ProfilerStep#20", 40_000, 40_050, trace=tr)
+    ta = TraceAnalysis(b.write(tmp_path / "t"))
+    (w,) = ta.tables.workloads
+    assert w.name == "ProfilerStep#*" and w.steps.num_rows == 21
+    assert "PyTorch profiler" in w.choice.reason
 
 
 def test_pytorch_loop_outlier_step_and_busy_host(tmp_path: Path, capsys) -> None:
