@@ -79,8 +79,9 @@ def settled_dashboard(total: int) -> Callable[[object], Awaitable[None]]:
     return run_before
 
 
-def opened_trace(store: Path, root: str) -> Callable[[object], Awaitable[None]]:
-    """The explorer with the first trace rooted at `root` laid out in the waterfall."""
+def opened_trace(store: Path, root: str, total: int) -> Callable[[object], Awaitable[None]]:
+    """The explorer with the first trace rooted at `root` laid out in the waterfall, once
+    every span is in and the source has ENDED (the status line is in the picture)."""
     (trace_id,) = (
         chiptrace.connect(store)
         .sql(f"SELECT trace_id FROM spans WHERE name = '{root}' ORDER BY start_ns LIMIT 1")
@@ -89,6 +90,7 @@ def opened_trace(store: Path, root: str) -> Callable[[object], Awaitable[None]]:
 
     async def run_before(pilot) -> None:  # noqa: ANN001
         app = pilot.app
+        await settled_dashboard(total)(pilot)
         await pilot.press("e")
         explorer = app.query_one("#explorer-view")
         trace_list = app.query_one("#trace-list")
@@ -122,22 +124,23 @@ def test_help_over_dashboard(snap_compare, store: Path, span_count: int) -> None
     assert snap_compare(app, press=["question_mark"], terminal_size=SIZE, run_before=run_before)
 
 
-def test_explorer_waterfall(snap_compare, store: Path) -> None:  # noqa: ANN001
+def test_explorer_waterfall(snap_compare, store: Path, span_count: int) -> None:  # noqa: ANN001
     """A training step's lanes, the critical path marked, the next critical span selected."""
-    run_before = opened_trace(store, "train_step")
+    run_before = opened_trace(store, "train_step", span_count)
     assert snap_compare(viewer(store), press=["c"], terminal_size=SIZE, run_before=run_before)
 
 
-def test_explorer_span_rows(snap_compare, store: Path) -> None:  # noqa: ANN001
+def test_explorer_span_rows(snap_compare, store: Path, span_count: int) -> None:  # noqa: ANN001
     """`g`: a row per span under lane headers."""
-    run_before = opened_trace(store, "train_step")
+    run_before = opened_trace(store, "train_step", span_count)
     app = viewer(store)
     assert snap_compare(app, press=["g", "down", "down"], terminal_size=SIZE, run_before=run_before)
 
 
-def _sql(sql: str) -> Callable[[object], Awaitable[None]]:
+def _sql(sql: str, total: int) -> Callable[[object], Awaitable[None]]:
     async def run_before(pilot) -> None:  # noqa: ANN001
         app = pilot.app
+        await settled_dashboard(total)(pilot)  # the status line is in the picture
         await pilot.press("s")
         status = app.query_one("#sql-status")
         before = str(status.render())
@@ -152,11 +155,11 @@ def _sql(sql: str) -> Callable[[object], Awaitable[None]]:
     return run_before
 
 
-def test_sql_console_result(snap_compare, store: Path) -> None:  # noqa: ANN001
-    assert snap_compare(viewer(store), terminal_size=SIZE, run_before=_sql(QUERY))
+def test_sql_console_result(snap_compare, store: Path, span_count: int) -> None:  # noqa: ANN001
+    assert snap_compare(viewer(store), terminal_size=SIZE, run_before=_sql(QUERY, span_count))
 
 
-def test_sql_console_error(snap_compare, store: Path) -> None:  # noqa: ANN001
+def test_sql_console_error(snap_compare, store: Path, span_count: int) -> None:  # noqa: ANN001
     """An error shows in place of the row count, in the error colour."""
-    run_before = _sql("SELECT no_such_column FROM spans")
+    run_before = _sql("SELECT no_such_column FROM spans", span_count)
     assert snap_compare(viewer(store), terminal_size=SIZE, run_before=run_before)
