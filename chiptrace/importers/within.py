@@ -97,6 +97,8 @@ class Within:
             role: each row's ROLE_*.
             t: the file's tree; its `parent` is updated in place.
         """
+        if not len(self.span_id):
+            return np.full(len(start), -1, np.int64)
         holder = self.enclosing(start, end)
         device = role == ROLE_DEVICE
         parent = t.parent
