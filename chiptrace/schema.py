@@ -21,7 +21,19 @@ SCHEMA_VERSION = 1
 SCHEMA_VERSION_KEY = b"chiptrace.schema_version"
 
 CHIP_TYPES = ("gpu", "cpu", "dpu", "npu", "nic", "switch")
-LINK_TYPES = ("nvlink6", "nvlink5", "pcie5", "pcie4", "c2c", "ethernet", "infiniband")
+# Appended, never reordered (the emulator encodes link types by their index here): nvlink4
+# (H100) and nvlink3 (A100) came with the presets of the machines real traces come from.
+LINK_TYPES = (
+    "nvlink6",
+    "nvlink5",
+    "pcie5",
+    "pcie4",
+    "c2c",
+    "ethernet",
+    "infiniband",
+    "nvlink4",
+    "nvlink3",
+)
 # Appended, never reordered: the emulator encodes op kinds by their index here.
 # memset, launch and sync came with the importers: device memsets, the runtime calls that
 # launch device work (cudaLaunchKernel, hipMemcpyAsync, ...), and device synchronisations.

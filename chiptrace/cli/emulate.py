@@ -16,13 +16,16 @@ HELP = "run a workload on an emulated rack (six chip types, links, faults) into 
 DESCRIPTION = (
     "Run a training, inference or mixed workload on a discrete-event model of a rack and write one "
     "span per chip op and per link transfer. Example: chiptrace emulate --topology rack6 "
-    "--workload train --steps 20 --seed 1 --out DIR --fault slow:gpu:3:4"
+    "--workload train --steps 20 --seed 1 --out DIR --fault slow:gpu:3:4. With --calibrate "
+    "IMPORTED_DIR, replay a real job's profiler steps on --topology instead."
 )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--topology", default="rack6", help="preset (rack6, nvl72, pcie8) or a TOML path"
+        "--topology",
+        default="rack6",
+        help="preset (rack6, nvl72, pcie8, a100x8, h100x8) or a TOML path",
     )
     p.add_argument(
         "--workload", default="train", help="train, infer or mixed (train on GPUs + serve on NPUs)"
@@ -44,7 +47,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KIND:TARGET[:VALUE]",
         help="slow:gpu:3:4, degrade:LINK_ID:0.1, down:LINK_ID, straggler:CHIP:0.5 (ms); repeatable",
     )
-    p.add_argument("--precision", default="bf16", help="fp32, bf16, fp16, fp8, nvfp4, int8")
+    p.add_argument(
+        "--precision",
+        help="fp32, bf16, fp16, fp8, nvfp4, int8 (default bf16; with --calibrate, the trace's)",
+    )
+    p.add_argument(
+        "--calibrate",
+        metavar="IMPORTED_DIR",
+        help="replay the profiler steps of an imported real trace (chiptrace import) on "
+        "--topology: workload replay, efficiencies fitted from the trace",
+    )
     p.add_argument("--schedule", default="static", help="static or dynamic placement")
     p.add_argument(
         "--set",
@@ -151,18 +163,27 @@ def run(args: argparse.Namespace) -> int:
         return 0
     check_out(args.out, args.append)
 
+    options = parse_options(args.options)
+    workload = args.workload
+    if args.calibrate:
+        if workload not in ("train", "replay"):
+            raise ConfigError(f"--calibrate replays a trace: --workload {workload} does not apply")
+        workload = "replay"
+        options = {"calibrate": args.calibrate, **options}
+        if args.precision:
+            options.setdefault("precision", args.precision)
     kwargs = {
         "topology": args.topology,
-        "workload": args.workload,
+        "workload": workload,
         "steps": args.steps,
         "seed": args.seed,
         "out": args.out,
         "faults": args.fault,
-        "precision": args.precision,
+        "precision": args.precision or "bf16",
         "schedule": args.schedule,
         "realtime": args.realtime,
         "speed": args.speed,
-        "options": parse_options(args.options),
+        "options": options,
         "progress": False if args.no_progress else None,
     }
     if args.scenario:

@@ -50,28 +50,26 @@ class Fabric:
     def forward_rounds(
         self, rounds: Sequence[Round], start: float, trace: int, parent: int
     ) -> None:
-        """`forward` spans on every switch for each repeat of each collective round, timed
-        as `collectives.emit` times the flows (static fair share)."""
-        tb, net, t = self.ctx.table, self.ctx.network, float(start)
+        """`forward` spans on every switch for each repeat of each collective round, from
+        the first flow through it to the last (the flows' own link-span times)."""
+        tb, t = self.ctx.table, float(start)
         name = tb.name("forward")
         for r in rounds:
-            dur = net.static_share(r.dirs, r.nbytes, r.latency)
-            step = float(dur.max())
             sw = np.where(r.dirs >= 0, self.dir_switch[np.maximum(r.dirs, 0)], -1)
             for s in np.unique(sw[sw >= 0]):
                 through = (sw == s).any(axis=1)  # flows that cross switch s
-                starts = t + step * np.arange(r.repeat, dtype=np.float64)
+                starts = t + r.period * np.arange(r.repeat, dtype=np.float64)
                 tb.add(
                     trace,
                     name,
-                    starts,
-                    starts + float(dur[through].max()),
+                    starts + float(r.start[through].min()),
+                    starts + float(r.end[through].max()),
                     parent,
                     chip=int(s),
                     op="comm",
                     nbytes=int(round(float(r.nbytes[through].sum()))),
                 )
-            t += step * r.repeat
+            t += r.period * r.repeat
 
     def forward_union(
         self,

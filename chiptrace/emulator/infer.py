@@ -2,7 +2,8 @@
 
 Requests arrive as a Poisson stream (seeded) with random prompt and output lengths. The
 batcher closes a batch when its prompts reach the token budget or its oldest request has
-waited `max_wait_ms`. The schedule policy places each batch on a device: `static` deals
+waited `max_wait_ms`, and while every device is busy, keeps filling it from the queue up to
+the budget. The schedule policy places each batch on a device: `static` deals
 them round robin, `dynamic` picks the device that would finish it first. A batch copies its
 prompts in from a NIC, runs prefill (compute-bound, `prefill_precision`) and decode
 (memory-bound, `decode_precision`, one span per `decode_chunk` tokens), and copies the
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from chiptrace.emulator.context import Context
+from chiptrace.emulator.efficiency import Efficiency, check_mode
 from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
 from chiptrace.emulator.scheduler import assign
@@ -39,6 +41,7 @@ class InferConfig:
     devices: str = "gpu+npu"  # gpu | npu | gpu+npu
     prefill_precision: str = ""  # default: the run's --precision, fp8 if that is bf16
     decode_precision: str = ""  # default: the run's --precision, nvfp4 if that is bf16
+    efficiency: str = "preset"  # preset | ideal | a fraction (efficiency.py)
 
     @property
     def params(self) -> float:
@@ -61,6 +64,7 @@ class InferConfig:
             raise WorkloadError(
                 f"workload rate = {self.rate!r} / max_wait_ms = {self.max_wait_ms!r}: expected > 0 / >= 0"
             )
+        check_mode(self.efficiency)
         if self.devices not in ("gpu", "npu", "gpu+npu"):
             raise WorkloadError(
                 f"workload devices = {self.devices!r}: expected gpu, npu or gpu+npu"
@@ -110,6 +114,7 @@ class Inference:
                 )
             if self.nic:
                 ctx.network.route(self.nic, d)
+        self.eff = Efficiency(cfg.efficiency)
         self.free = dict.fromkeys(self.devices, 0.0)
         self.queue: collections.deque[tuple[float, int, int]] = collections.deque()
         self.next_arrival = 0.0
@@ -132,19 +137,29 @@ class Inference:
             self.queue.append((self.next_arrival, p, o))
             self.next_arrival += float(rng.exponential(1e9 / cfg.rate))
 
-    def _form_batch(self) -> tuple[float, list[tuple[float, int, int]]]:
-        """Requests of the next batch and the time it closes."""
+    def form_batch(self) -> tuple[float, list[tuple[float, int, int]]]:
+        """Requests of the next batch and the time it closes. A batch opens with the oldest
+        queued request and closes when its prompts fill the token budget or that request
+        has waited `max_wait_ms`; while every device is still busy it keeps taking queued
+        requests up to the budget, as a serving batcher draining its queue does: under
+        load, batches fill the budget. (Free of the device it will run on would let the
+        batch for a device that frees late drain the queue ahead of the others.)"""
         self._arrivals_until(self.queue[0][0] if self.queue else self.next_arrival)
         deadline = self.queue[0][0] + self.cfg.max_wait_ms * 1e6
-        self._arrivals_until(deadline)
+        limit = max(deadline, self.ready())
+        self._arrivals_until(limit)
         batch, tokens = [], 0
-        while self.queue and self.queue[0][0] <= deadline:
+        while self.queue and self.queue[0][0] <= limit:
             if batch and tokens + self.queue[0][1] > self.cfg.token_budget:
                 return batch[-1][0], batch  # the budget filled when the last one arrived
             req = self.queue.popleft()
             batch.append(req)
             tokens += req[1]
-        return deadline, batch
+        return limit, batch
+
+    def ready(self) -> float:
+        """When the first device is free to take a batch."""
+        return min(self.free[d] + self.ctx.delay.get(d, 0.0) for d in self.devices)
 
     def costs(
         self, device: str, batch: list[tuple[float, int, int]]
@@ -157,13 +172,16 @@ class Inference:
         steps = max(r[2] for r in batch)
         kv_token = 2 * cfg.layers * cfg.hidden * BYTES[dp]
         pre_f, pre_b = 2 * cfg.params * prompt, cfg.params * BYTES[pp] + prompt * kv_token
-        pre = float(roofline_ns(chip, pre_f, pre_b, pp, slow))
+        pre = float(
+            roofline_ns(chip, pre_f, pre_b, pp, slow, self.eff.of(chip.efficiency, "gemm", pp))
+        )
         n_chunks = -(-steps // cfg.decode_chunk)
         k = np.minimum(cfg.decode_chunk, steps - cfg.decode_chunk * np.arange(n_chunks))
         context = prompt + len(batch) * (cfg.decode_chunk * np.arange(n_chunks) + k / 2)
         dec_f = 2 * cfg.params * len(batch) * k
         dec_b = k * (cfg.params * BYTES[dp] + context * kv_token)
-        dec = roofline_ns(chip, dec_f, dec_b, dp, slow) + chip.launch_overhead_ns * (k - 1)
+        d_eff = self.eff.of(chip.efficiency, "gemm", dp)
+        dec = roofline_ns(chip, dec_f, dec_b, dp, slow, d_eff) + chip.launch_overhead_ns * (k - 1)
         return (
             pre,
             dec,
@@ -172,7 +190,7 @@ class Inference:
 
     def step(self, i: int) -> float:
         """Form, place and emit batch i; returns when it finishes (virtual ns)."""
-        close, batch = self._form_batch()
+        close, batch = self.form_batch()
         return self.run_batch(i, close, batch)
 
     def place(self, i: int, close: float, batch: list[tuple[float, int, int]]) -> tuple[str, float]:

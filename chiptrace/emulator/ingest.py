@@ -17,8 +17,9 @@ import numpy as np
 
 from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.fabric import Fabric
-from chiptrace.emulator.model import resolve_precision, roofline_ns
+from chiptrace.emulator.model import op_ns, resolve_precision
 from chiptrace.emulator.network import Route
+from chiptrace.emulator.scheduler import balanced
 from chiptrace.emulator.train_step import transfers
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class Ingest:
             )
         self.tr = tr
         self.cpu = {g: tr.host[g] or tr.cpus[0] for g in tr.gpus}
-        self.nic = {g: net.nearest(self.cpu[g], nics) or nics[0] for g in tr.gpus}
+        self.nic = balanced(tr.gpus, lambda g: net.nearest(self.cpu[g], nics), nics[0])
         # The wire each NIC receives on: from its widest switch neighbour (None: no uplink).
         self.wire = {n: _uplink(tr, n) for n in set(self.nic.values())}
         self.fabric = Fabric(tr.ctx)
@@ -109,8 +110,12 @@ class Ingest:
             c = ctx.topology.chips[cpus[i]]
             starts[i] = max(float(ready[i]), self.free.get(c.id, 0.0)) + ctx.delay.get(c.id, 0.0)
             prec = resolve_precision(c, "fp32")
-            ends[i] = starts[i] + float(
-                roofline_ns(c, nbytes * fpb, 2 * nbytes, prec, ctx.slow.get(c.id, 1.0))
+            ends[i] = starts[i] + op_ns(
+                c,
+                [("elementwise", nbytes * fpb, 2 * nbytes)],
+                prec,
+                self.tr.eff,
+                ctx.slow.get(c.id, 1.0),
             )
             self.free[c.id] = ends[i]
         tb = ctx.table

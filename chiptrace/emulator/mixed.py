@@ -23,13 +23,14 @@ _INFER_PREFIX = "infer_"
 @dataclass
 class MixedConfig(TrainConfig):
     """Training knobs (TrainConfig, with the host path and switch ops on) plus the
-    inference stream's knobs, prefixed `infer_` (see InferConfig)."""
+    inference stream's knobs, prefixed `infer_` (see InferConfig); `efficiency` applies
+    to both."""
 
     host_load_flops_per_byte: float = 200.0  # decode + tokenize on the host CPU
     switch_ops: bool = True
-    infer_layers: int = 8  # a ~1.6B model: two Gaudi 3s keep up with the default rate
+    infer_layers: int = 8  # a ~1.6B model: two Gaudi 3s keep up with the default rate (~88% busy)
     infer_hidden: int = 4096
-    infer_rate: float = 150.0
+    infer_rate: float = 100.0
     infer_prompt_tokens: int = 512
     infer_output_tokens: int = 128
     infer_token_budget: int = 16384
@@ -44,7 +45,7 @@ class MixedConfig(TrainConfig):
             for f in fields(self)
             if f.name.startswith(_INFER_PREFIX) and f.name[len(_INFER_PREFIX) :] in known
         }
-        return InferConfig(**kw)
+        return InferConfig(**kw, efficiency=self.efficiency)
 
     def check(self) -> None:
         super().check()
@@ -95,7 +96,7 @@ class Mixed:
             if self.pending is None:
                 if not inf.queue and inf.next_arrival >= end:
                     break
-                self.pending = inf._form_batch()
+                self.pending = inf.form_batch()
             close, batch = self.pending
             device, start = inf.place(self.batches, close, batch)
             if start + _total(inf.costs(device, batch)) > end:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from chiptrace.emulator.efficiency import Efficiency
 from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.topology import ChipSpec
 
@@ -44,12 +46,30 @@ def resolve_precision(chip: ChipSpec, precision: str) -> str:
 
 
 def roofline_ns(
-    chip: ChipSpec, flops: Any, nbytes: Any, precision: str, slow: float = 1.0
+    chip: ChipSpec, flops: Any, nbytes: Any, precision: str, slow: float = 1.0, eff: float = 1.0
 ) -> np.ndarray:
-    """Op time in ns: max(flops / peak, bytes / memory bandwidth) * slow + launch overhead."""
+    """Op time in ns: max(flops / peak, bytes / memory bandwidth) / eff * slow + launch
+    overhead, `eff` the fraction of its roofline the op's kernels reach (efficiency.py)."""
     peak = chip.peak_flops[precision]
     mem = chip.memory_bandwidth or np.inf
     t = np.maximum(
         np.asarray(flops, dtype=np.float64) / peak, np.asarray(nbytes, dtype=np.float64) / mem
     )
-    return t * 1e9 * slow + chip.launch_overhead_ns
+    return t / eff * 1e9 * slow + chip.launch_overhead_ns
+
+
+def op_ns(
+    chip: ChipSpec,
+    parts: Sequence[tuple[str, float, float]],
+    precision: str,
+    eff: Efficiency,
+    slow: float = 1.0,
+) -> float:
+    """Time in ns of one op made of kernels of several classes, (class, flops, bytes) each:
+    the sum of their rooflines at their classes' efficiencies, plus one launch overhead."""
+    t = sum(
+        float(roofline_ns(chip, f, b, precision, slow, eff.of(chip.efficiency, cls, precision)))
+        - chip.launch_overhead_ns
+        for cls, f, b in parts
+    )
+    return t + chip.launch_overhead_ns

@@ -2,15 +2,10 @@
 
 Every link is full duplex, so the unit of contention is a link *direction*: id
 `2 * link_index + (0 if a->b else 1)`. A transfer over a route takes the route's latency
-(summed over hops) plus its bytes over the narrowest bandwidth it gets along the route:
-switches cut through. Two models of sharing, one exact and one fast:
-
-- `fluid`: an event-driven fair-share simulation (each active transfer gets, on every
-  direction it crosses, an equal share; its rate is the smallest of those shares; rates are
-  recomputed at every arrival and completion). Used for irregular traffic.
-- `static_share`: flows that start together and are equal in size (a collective step) get
-  `bandwidth / flows on that direction` for their whole life: the fluid model's answer for
-  that case, computed with NumPy for thousands of flows at once.
+(summed over hops) plus its bytes over the bandwidth it gets along the route: switches cut
+through. Transfers in flight share each direction max-min fairly across their whole routes
+(sharing.py): a flow held back on one hop hands what it cannot use of the others back to
+the flows beside it, and rates are refilled at every arrival and completion.
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chiptrace.emulator.errors import TopologyError
+from chiptrace.emulator.sharing import fluid_ends
 from chiptrace.emulator.topology import FORWARDERS, Topology
 
 _PROBE_BYTES = 1e6  # route cost = latency + time for 1 MB: prefers wide paths, then short ones
@@ -62,6 +58,7 @@ class Network:
         )
         self._routes: dict[tuple[str, str], Route] = {}
         self._planes: dict[tuple[str, str], list[Route]] = {}
+        self._trees: dict[tuple[str, frozenset[str]], dict[str, tuple[str, int]]] = {}
 
     def dir_endpoints(self, d: int) -> tuple[str, str]:
         """(src, dst) chip ids of direction `d`."""
@@ -76,30 +73,40 @@ class Network:
         """
         key = (src, dst)
         if key not in self._routes:
+            for c in (src, dst):
+                if c not in self.topology.chips:
+                    raise TopologyError(
+                        f"{self.topology.source}: no chip {c} in topology {self.topology.name}"
+                    )
             # Switch fabrics first: GPU-to-GPU traffic takes NVLink even where a CPU's C2C
             # would be wider; root complexes and NICs forward only when nothing else joins.
-            route = self._dijkstra(src, dst, frozenset({"switch"}))
-            self._routes[key] = route or self._dijkstra(src, dst, FORWARDERS)
-            if self._routes[key] is None:
+            route = self._path(src, dst, frozenset({"switch"})) or self._path(src, dst, FORWARDERS)
+            if route is None:
                 why = f" (links down: {', '.join(self.down)})" if self.down else ""
                 raise TopologyError(
                     f"no route from {src} to {dst} in topology {self.topology.name}{why}"
                 )
+            self._routes[key] = route
         return self._routes[key]
 
-    def nearest(self, src: str, candidates: Sequence[str]) -> str | None:
-        """The candidate cheapest to reach from src: Dijkstra, stopped at the first candidate
-        it settles (which is the cheapest), so a GPU's own host CPU costs one hop to find."""
+    def nearest(self, src: str, candidates: Sequence[str]) -> list[str]:
+        """The candidates cheapest to reach from src, equals all (in `candidates` order):
+        Dijkstra, stopped once it settles a chip dearer than the first candidate found,
+        so a GPU's own host CPU costs one hop to find."""
         topo = self.topology
         wanted = set(candidates)
         best: dict[str, float] = {src: 0.0}
+        found: list[str] = []
         heap = [(0.0, src)]
         while heap:
             cost, node = heapq.heappop(heap)
             if cost > best.get(node, np.inf):
                 continue
+            if found and cost > best[found[0]] * (1 + 1e-9):
+                break
             if node in wanted:
-                return node
+                found.append(node)
+                continue
             if node != src and topo.chips[node].type not in FORWARDERS:
                 continue
             for nxt, li in topo.adjacency[node]:
@@ -108,20 +115,35 @@ class Network:
                 if c < best.get(nxt, np.inf):
                     best[nxt] = c
                     heapq.heappush(heap, (c, nxt))
-        return None
+        return [c for c in candidates if c in found]
 
-    def _dijkstra(self, src: str, dst: str, forwarders: frozenset[str]) -> Route | None:
+    def _path(self, src: str, dst: str, forwarders: frozenset[str]) -> Route | None:
+        if src == dst:
+            return Route(src, dst, (), 0.0)
+        prev = self._tree(src, forwarders)
+        if dst not in prev:
+            return None
+        dirs: list[int] = []
+        node = dst
+        while node != src:
+            node, d = prev[node]
+            dirs.append(d)
+        dirs.reverse()
+        return Route(src, dst, tuple(dirs), float(sum(self.dir_latency[d] for d in dirs)))
+
+    def _tree(self, src: str, forwarders: frozenset[str]) -> dict[str, tuple[str, int]]:
+        """Dijkstra from src to every chip (the hop into each, cached per source): one run
+        serves all of a source's routes, which an all-to-all on 72 GPUs needs 5,112 of
+        (one run per pair cost ~5 ms each there)."""
+        key = (src, forwarders)
+        if key in self._trees:
+            return self._trees[key]
         topo = self.topology
-        for c in (src, dst):
-            if c not in topo.chips:
-                raise TopologyError(f"{topo.source}: no chip {c} in topology {topo.name}")
         best: dict[str, float] = {src: 0.0}
         prev: dict[str, tuple[str, int]] = {}
         heap = [(0.0, src)]
         while heap:
             cost, node = heapq.heappop(heap)
-            if node == dst:
-                break
             if cost > best.get(node, np.inf) or (
                 node != src and topo.chips[node].type not in forwarders
             ):
@@ -132,15 +154,8 @@ class Network:
                 if c < best.get(nxt, np.inf):
                     best[nxt], prev[nxt] = c, (node, d)
                     heapq.heappush(heap, (c, nxt))
-        if dst not in prev and src != dst:
-            return None
-        dirs: list[int] = []
-        node = dst
-        while node != src:
-            node, d = prev[node]
-            dirs.append(d)
-        dirs.reverse()
-        return Route(src, dst, tuple(dirs), float(sum(self.dir_latency[d] for d in dirs)))
+        self._trees[key] = prev
+        return prev
 
     def planes(self, src: str, dst: str) -> list[Route]:
         """Parallel routes src -> switch -> dst through every switch that joins both ends
@@ -170,71 +185,41 @@ class Network:
         self._planes[key] = out
         return out
 
-    def static_share(self, dirs: np.ndarray, nbytes: np.ndarray, latency: np.ndarray) -> np.ndarray:
-        """Durations (ns) of flows that start together, sharing each direction equally.
+    def dirs_of(self, routes: Sequence[Route]) -> np.ndarray:
+        """(routes, hops) direction ids, -1 padding the shorter routes."""
+        hops = max((len(r.dirs) for r in routes), default=0)
+        dirs = np.full((len(routes), hops), -1, dtype=np.int64)
+        for i, r in enumerate(routes):
+            dirs[i, : len(r.dirs)] = r.dirs
+        return dirs
 
-        Args:
-            dirs: (flows, hops) direction ids; -1 pads shorter routes.
-            nbytes: bytes per flow.
-            latency: route latency per flow, ns.
-        """
-        valid = dirs >= 0
-        counts = np.bincount(dirs[valid], minlength=len(self.dir_bw))
-        share = np.where(
-            valid,
-            self.dir_bw[np.where(valid, dirs, 0)] / np.maximum(counts[np.where(valid, dirs, 0)], 1),
-            np.inf,
-        )
-        return latency + nbytes / share.min(axis=1) * 1e9
+    def flows(
+        self,
+        dirs: np.ndarray,
+        nbytes: np.ndarray,
+        latency: np.ndarray,
+        starts: np.ndarray | float = 0.0,
+        eff: float = 1.0,
+    ) -> np.ndarray:
+        """End times (ns) of transfers given as direction arrays: each waits its latency,
+        then moves its bytes at its max-min fair share (sharing.fluid_ends) of the links
+        at `eff` of their bandwidth (a collective's kernels drive that much of a link)."""
+        ready = np.broadcast_to(np.asarray(starts, dtype=np.float64), len(nbytes)) + latency
+        capacity = self.dir_bw if eff >= 1 else self.dir_bw * eff
+        return fluid_ends(dirs, np.asarray(nbytes, dtype=np.float64), ready, capacity)
 
     def fluid(
         self, starts: Sequence[float], routes: Sequence[Route], nbytes: Sequence[float]
     ) -> np.ndarray:
-        """End times (ns) of transfers under fair sharing of each link direction.
-
-        A transfer waits its route latency, then moves its bytes at its current rate: the
-        smallest, over its hops, of the direction's bandwidth divided by the transfers on it.
-        """
-        n = len(starts)
-        end = np.zeros(n)
-        arrivals = sorted(
-            (float(s) + r.latency_ns, i)
-            for i, (s, r) in enumerate(zip(starts, routes, strict=True))
+        """End times (ns) of transfers along routes, starting at `starts` (ns): route
+        latency, then bytes at the max-min fair rate among the transfers in flight."""
+        lat = np.array([r.latency_ns for r in routes], dtype=np.float64)
+        return self.flows(
+            self.dirs_of(routes),
+            np.asarray(nbytes, dtype=np.float64),
+            lat,
+            np.asarray(starts, dtype=np.float64),
         )
-        remaining = np.array(nbytes, dtype=np.float64)
-        active: list[int] = []
-        t, k = 0.0, 0
-        while k < len(arrivals) or active:
-            if not active:
-                t = max(t, arrivals[k][0])
-            while k < len(arrivals) and arrivals[k][0] <= t:
-                active.append(arrivals[k][1])
-                k += 1
-            counts: dict[int, int] = {}
-            for i in active:
-                for d in routes[i].dirs:
-                    counts[d] = counts.get(d, 0) + 1
-            rates = [
-                min((self.dir_bw[d] / counts[d] for d in routes[i].dirs), default=np.inf)
-                for i in active
-            ]
-            finish = [
-                remaining[i] / r * 1e9 if r != np.inf else 0.0
-                for i, r in zip(active, rates, strict=True)
-            ]
-            step = min(finish)
-            if k < len(arrivals):
-                step = min(step, arrivals[k][0] - t)
-            t += step
-            still = []
-            for i, r, f in zip(active, rates, finish, strict=True):
-                if f <= step * (1 + 1e-12) + 1e-9:
-                    end[i] = t
-                else:
-                    remaining[i] -= r * step / 1e9
-                    still.append(i)
-            active = still
-        return end
 
 
 def _chip_order(chip_id: str) -> tuple[str, int]:

@@ -60,12 +60,14 @@ class EmulationResult:
 def _workloads() -> dict[str, tuple[type, type]]:
     from chiptrace.emulator.infer import InferConfig, Inference
     from chiptrace.emulator.mixed import Mixed, MixedConfig
+    from chiptrace.emulator.replay import Replay, ReplayConfig
     from chiptrace.emulator.train import TrainConfig, Training
 
     return {
         "train": (TrainConfig, Training),
         "infer": (InferConfig, Inference),
         "mixed": (MixedConfig, Mixed),
+        "replay": (ReplayConfig, Replay),
     }
 
 
@@ -147,8 +149,10 @@ def emulate(
     """Run `workload` on `topology` and write its spans under `out`.
 
     Args:
-        topology: a preset name (`rack6`, `nvl72`, `pcie8`), a TOML path, or a Topology.
-        workload: `train`, `infer` or `mixed` (training on GPUs, serving on NPUs, see mixed.py).
+        topology: a preset name (`rack6`, `nvl72`, `pcie8`, `a100x8`, `h100x8`), a TOML path,
+            or a Topology.
+        workload: `train`, `infer`, `mixed` (training on GPUs, serving on NPUs, see mixed.py)
+            or `replay` (a real trace replayed, options={"calibrate": DIR}, see replay.py).
         steps: training steps or inference batches (None: until `duration_s` of virtual time).
         seed: the same seed and inputs give the same span table, ids and times included.
         out: trace directory (default `chiptrace-traces/emulate-<time>`).

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from chiptrace.emulator import efficiency
 from chiptrace.emulator.errors import TopologyError
 from chiptrace.schema import CHIP_TYPES, LINK_TYPES, PRECISIONS
 
@@ -24,7 +25,8 @@ from chiptrace.schema import CHIP_TYPES, LINK_TYPES, PRECISIONS
 # (PCIe 4.0 x16 16 GT/s ~32 GB/s, PCIe 5.0 x16 ~64 GB/s), NVIDIA NVLink pages (NVLink 5:
 # 1.8 TB/s per Blackwell GPU both ways; NVLink 6: 3.6 TB/s per Rubin GPU both ways),
 # NVLink-C2C 900 GB/s both ways (Grace Hopper / Grace Blackwell), 400 Gb/s Ethernet and
-# InfiniBand NDR ports (50 GB/s).
+# InfiniBand NDR ports (50 GB/s); NVLink 4: 900 GB/s per H100 both ways (18 links of
+# 25 GB/s per direction); NVLink 3: 600 GB/s per A100 both ways (12 links of 25 GB/s).
 DEFAULT_BANDWIDTH = {
     "pcie4": 32e9,
     "pcie5": 64e9,
@@ -33,12 +35,14 @@ DEFAULT_BANDWIDTH = {
     "c2c": 450e9,
     "ethernet": 50e9,
     "infiniband": 50e9,
+    "nvlink4": 450e9,
+    "nvlink3": 300e9,
 }
 DEFAULT_LATENCY_NS = 2_500.0  # base per-hop latency of the design (DESIGN.md)
 # Chips that forward traffic between their links (root complexes, switches, NICs); GPUs
 # and NPUs are endpoints only.
 FORWARDERS = frozenset({"switch", "cpu", "nic", "dpu"})
-PRESETS = ("rack6", "nvl72", "pcie8")
+PRESETS = ("rack6", "nvl72", "pcie8", "a100x8", "h100x8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,8 @@ class ChipSpec:
     memory_bytes: float
     memory_bandwidth: float
     launch_overhead_ns: float
+    # {op class: {precision or "*": fraction of the roofline}} (efficiency.py)
+    efficiency: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +117,7 @@ class Topology:
                     "memory_bytes": c.memory_bytes,
                     "memory_bandwidth_Bps": c.memory_bandwidth,
                     "launch_overhead_ns": c.launch_overhead_ns,
+                    "efficiency": {k: dict(v) for k, v in c.efficiency.items()},
                 }
                 for c in self.chips.values()
             ],
@@ -133,7 +140,7 @@ class Topology:
 
 
 def load_topology(name_or_path: str | Path) -> Topology:
-    """Load a preset by name (`rack6`, `nvl72`, `pcie8`) or a TOML file by path.
+    """Load a preset by name (see PRESETS) or a TOML file by path.
 
     Raises:
         TopologyError: unknown preset, unreadable file, or an invalid declaration.
@@ -162,7 +169,14 @@ def _read(name_or_path: str | Path) -> tuple[str, str]:
     )
 
 
-_MODEL_KEYS = ("type", "peak_tflops", "memory_GB", "memory_bandwidth_GBps", "launch_overhead_us")
+_MODEL_KEYS = (
+    "type",
+    "peak_tflops",
+    "memory_GB",
+    "memory_bandwidth_GBps",
+    "launch_overhead_us",
+    "efficiency",
+)
 _KEYS = {
     "": ("name", "description", "latency_us", "chip_models", "chips", "links"),
     "chip_models": _MODEL_KEYS,
@@ -253,6 +267,9 @@ def _model_figures(m: Mapping[str, Any], source: str, where: str) -> dict[str, A
             source, where, "launch_overhead_us", m.get("launch_overhead_us", 0), positive=False
         )
         * 1e3,
+        "efficiency": efficiency.parse_table(
+            m.get("efficiency", {}), source, f"{where}.efficiency"
+        ),
     }
 
 

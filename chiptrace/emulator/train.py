@@ -14,8 +14,11 @@ from dataclasses import asdict, dataclass
 
 from chiptrace.emulator import collectives
 from chiptrace.emulator.context import Context
+from chiptrace.emulator.efficiency import Efficiency, check_mode
 from chiptrace.emulator.errors import WorkloadError
+from chiptrace.emulator.layered import ATTN_SHARE
 from chiptrace.emulator.model import BYTES, resolve_precision
+from chiptrace.emulator.scheduler import balanced
 from chiptrace.emulator.train_step import run_step
 
 _ADAM_BYTES = 12.0  # fp32 master weights + two moments per parameter
@@ -34,7 +37,7 @@ class TrainConfig:
         1600.0  # gradient bucket size; small buckets make the all-reduce latency-bound
     )
     overlap: bool = True  # all-reduce buckets while backward still runs
-    allreduce: str = "ring"  # ring | tree
+    allreduce: str = "ring"  # ring | tree | auto (the faster for each bucket size, as NCCL)
     channels: int = 0  # collective channels; 0 = one per parallel switch plane
     optimizer: str = "gpu"  # gpu | cpu (ZeRO-offload style: gradients down, parameters up)
     input_mb: float = 64.0  # raw input per GPU per step, preprocessed on a DPU
@@ -46,6 +49,9 @@ class TrainConfig:
     switch_ops: bool = (
         False  # `forward` op spans on the switches the all-reduce crosses (fabric.py)
     )
+    efficiency: str = "preset"  # preset | ideal | a fraction (efficiency.py)
+    sharding: str = "ddp"  # ddp (replicated, all-reduce) | fsdp (ZeRO-3, layered.py)
+    moe: bool = False  # expert-parallel MLPs, one expert per GPU (layered.py)
 
     @property
     def params_per_layer(self) -> float:
@@ -70,7 +76,14 @@ class TrainConfig:
                 f"workload host_load_flops_per_byte = {self.host_load_flops_per_byte!r}: expected a number >= 0"
             )
         if self.allreduce not in collectives.ALGORITHMS:
-            raise WorkloadError(f"workload allreduce = {self.allreduce!r}: expected ring or tree")
+            raise WorkloadError(
+                f"workload allreduce = {self.allreduce!r}: expected ring, tree or auto"
+            )
+        check_mode(self.efficiency)
+        if self.sharding not in ("ddp", "fsdp"):
+            raise WorkloadError(f"workload sharding = {self.sharding!r}: expected ddp or fsdp")
+        if self.sharding == "fsdp" and self.optimizer != "gpu":
+            raise WorkloadError("workload sharding = 'fsdp' needs optimizer = 'gpu'")
         if self.optimizer not in ("gpu", "cpu"):
             raise WorkloadError(f"workload optimizer = {self.optimizer!r}: expected gpu or cpu")
 
@@ -82,6 +95,8 @@ def memory_bytes(cfg: TrainConfig, precision: str, gpus: int) -> float:
     g = 4.0 if precision == "fp32" else 2.0
     states = _ADAM_BYTES if cfg.optimizer == "gpu" else 0.0
     acts = cfg.batch * cfg.seq * cfg.hidden * cfg.layers * _ACT_FACTOR * w
+    if cfg.sharding == "fsdp":  # a shard of everything, plus two layers gathered at a time
+        return cfg.params * (w + g + states) / gpus + 2 * cfg.params_per_layer * w + acts
     return cfg.params * (w + g + states) + acts
 
 
@@ -111,12 +126,20 @@ class Training:
                 "lower layers, hidden or batch, or use a narrower precision"
             )
         self.memory_per_gpu = need
-        self.host = {g: self._nearest_cpu(g) for g in self.gpus}
-        # Static placement feeds each GPU from its nearest DPU (the one on its own host).
-        self.home_dpu = {g: ctx.network.nearest(g, self.dpus) or self.dpus[0] for g in self.gpus}
+        net = ctx.network
+        self.host: dict[str, str | None] = (
+            balanced(self.gpus, lambda g: net.nearest(g, self.cpus), self.cpus[0])
+            if self.cpus
+            else dict.fromkeys(self.gpus)
+        )
+        # Static placement feeds each GPU from its nearest DPU (the one on its own host),
+        # equally near ones dealt round robin.
+        self.home_dpu = balanced(self.gpus, lambda g: net.nearest(g, self.dpus), self.dpus[0])
         self.buckets = self._buckets()
         self.dpu_free = dict.fromkeys(self.dpus, 0.0)
-        self.plans: dict[float, list] = {}  # collective rounds per bucket size
+        self.plans: dict[object, collectives.Plan] = {}  # per bucket size (and kind)
+        self.eff = Efficiency(cfg.efficiency)
+        self.comm_eff = self.eff.of(g0.efficiency, "comm", self.precision)
         self.t = 0.0  # end of the previous step
         # Optional host path and switch ops (imported here: both modules import train_step).
         from chiptrace.emulator.fabric import Fabric
@@ -128,14 +151,14 @@ class Training:
         self.prev_trace: int | None = None  # the previous step's trace and root: where the
         self.prev_root = 0  # prefetched input of the next step is recorded
 
-    def _nearest_cpu(self, gpu: str) -> str | None:
-        return self.ctx.network.nearest(gpu, self.cpus) if self.cpus else None
-
     def _buckets(self) -> list[tuple[int, float]]:
         """Gradient buckets as (last layer whose gradients they hold, bytes): layers in
         backward order, cut every bucket_mb, as DDP's bucketing of parameter tensors does.
         Small buckets mean many collectives, each paying the ring's 2(n-1) latencies."""
-        per_layer = self.cfg.params_per_layer * self.grad_bytes
+        share = ATTN_SHARE if self.cfg.moe else 1.0  # experts' grads stay on their GPU
+        per_layer = self.cfg.params_per_layer * share * self.grad_bytes
+        if self.cfg.sharding == "fsdp":  # one reduce-scatter per layer
+            return [(layer, per_layer) for layer in reversed(range(self.cfg.layers))]
         cap = self.cfg.bucket_mb * 1e6
         out: list[tuple[int, float]] = []
         fill = 0.0

@@ -7,15 +7,38 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chiptrace.emulator import collectives
-from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
+from chiptrace.emulator.model import BYTES, op_ns, resolve_precision
 from chiptrace.emulator.network import Route
 from chiptrace.emulator.scheduler import assign
 from chiptrace.emulator.spans import SpanTable
 
 if TYPE_CHECKING:
-    from chiptrace.emulator.train import Training
+    from chiptrace.emulator.train import TrainConfig, Training
 
 PHASES = ("input", "forward", "backward", "allreduce", "optimizer")
+# Memory traffic of a layer's forward non-matmul kernels, per token, in units of hidden *
+# bytes: two norms (read + write: 2 each), two residual adds (3 each), bias + GeLU over
+# the 4h MLP activation (8), dropouts and the attention output's reshapes (~6), as fused as
+# PyTorch eager and Megatron leave them.
+_ELEMENTWISE_IO = 24.0
+
+
+def layer_work(cfg: TrainConfig, precision: str, ideal: bool) -> list[tuple[str, float, float]]:
+    """One layer's forward work on one rank as (op class, flops, bytes); backward is twice
+    it. Ideal: the matmuls only, at their nominal bytes (the model before efficiencies).
+    Otherwise also the attention kernel (causal: QK^T and PV over the unmasked half,
+    2 s h flops per token; Q, K, V, O read or written once, as a fused kernel does) and
+    the memory-bound kernels around the matmuls."""
+    tokens, h, w = cfg.batch * cfg.seq, cfg.hidden, BYTES[precision]
+    p = cfg.params_per_layer
+    gemm = ("gemm", 2 * p * tokens, p * w + 4 * tokens * h * w)
+    if ideal:
+        return [gemm]
+    return [
+        gemm,
+        ("attention", 2.0 * tokens * cfg.seq * h, 4 * tokens * h * w),
+        ("elementwise", 0.0, _ELEMENTWISE_IO * tokens * h * w),
+    ]
 
 
 def transfers(
@@ -52,8 +75,11 @@ def run_step(tr: Training, s: int, t0: float) -> float:
     prefetched = tr.cfg.prefetch and tr.prev_trace is not None
     in_trace = tr.prev_trace if prefetched else trace
     ready, h2d_ids = _input(tr, s, t0, in_trace, ph["input"], bounds)
-    _, bwd_end = _compute(tr, t0, ready, (in_trace, h2d_ids), trace, ph, bounds)
-    ar_end, last_bucket = _allreduce(tr, bwd_end, trace, ph["allreduce"], bounds)
+    if tr.cfg.sharding == "fsdp" or tr.cfg.moe:
+        ar_end, last_bucket = _layered(tr, t0, ready, (in_trace, h2d_ids), trace, ph, bounds)
+    else:
+        _, bwd_end = _compute(tr, t0, ready, (in_trace, h2d_ids), trace, ph, bounds)
+        ar_end, last_bucket = _allreduce(tr, bwd_end, trace, ph["allreduce"], bounds)
     end = _optimizer(tr, ar_end, trace, ph["optimizer"], bounds, last_bucket)
     if prefetched:
         a, b = bounds.pop("input")
@@ -133,16 +159,12 @@ def _compute(
 ) -> tuple[np.ndarray, np.ndarray]:
     ctx, cfg, tb = tr.ctx, tr.cfg, tr.ctx.table
     L, n, prec = cfg.layers, len(tr.gpus), tr.precision
-    tokens = cfg.batch * cfg.seq
-    p = cfg.params_per_layer
-    f_flops, f_bytes = 2 * p * tokens, p * BYTES[prec] + 4 * tokens * cfg.hidden * BYTES[prec]
+    fwd = layer_work(cfg, prec, tr.eff.ideal)
+    bwd = [(cls, 2 * f, 2 * b) for cls, f, b in fwd]
+    f_flops, f_bytes = sum(x[1] for x in fwd), sum(x[2] for x in fwd)
     chips = [ctx.topology.chips[g] for g in tr.gpus]
-    fdur = np.array(
-        [roofline_ns(c, f_flops, f_bytes, prec, ctx.slow.get(c.id, 1.0)) for c in chips]
-    )
-    bdur = np.array(
-        [roofline_ns(c, 2 * f_flops, 2 * f_bytes, prec, ctx.slow.get(c.id, 1.0)) for c in chips]
-    )
+    fdur = np.array([op_ns(c, fwd, prec, tr.eff, ctx.slow.get(c.id, 1.0)) for c in chips])
+    bdur = np.array([op_ns(c, bwd, prec, tr.eff, ctx.slow.get(c.id, 1.0)) for c in chips])
     start = np.maximum(t0 + np.array([ctx.delay.get(g, 0.0) for g in tr.gpus]), ready)
     fs, fe = cumulative(start, np.repeat(fdur[:, None], L, axis=1))
     bs, be = cumulative(fe[:, -1], np.repeat(bdur[:, None], L, axis=1))
@@ -183,24 +205,49 @@ def _compute(
     return fe, be  # be[:, j] is layer L-1-j
 
 
+def _layered(
+    tr: Training,
+    t0: float,
+    ready: np.ndarray,
+    h2d: tuple[int, np.ndarray],
+    trace: int,
+    ph: dict,
+    bounds: dict,
+) -> tuple[float, int]:
+    """FSDP or MoE (layered.py): forward and backward with their in-layer collectives,
+    then the gradients' reduce-scatters (FSDP) or the attention blocks' all-reduce (MoE)."""
+    from chiptrace.emulator.layered import Layered
+
+    run = Layered(tr, layer_work(tr.cfg, tr.precision, tr.eff.ideal), trace, ph)
+    delay = np.array([tr.ctx.delay.get(g, 0.0) for g in tr.gpus])
+    in_trace, h2d_ids = h2d
+    links = [[(in_trace, int(x))] for x in h2d_ids]
+    be = run.run(np.maximum(t0 + delay, ready), t0, links, bounds)
+    if run.fsdp:
+        return bounds["allreduce"][1], run.last
+    return _allreduce(tr, be, trace, ph["allreduce"], bounds)
+
+
 def _allreduce(
     tr: Training, bwd_end: np.ndarray, trace: int, parent: int, bounds: dict
 ) -> tuple[float, int]:
     cfg, tb, net = tr.cfg, tr.ctx.table, tr.ctx.network
     L = cfg.layers
     prev, first, bid = 0.0, None, np.zeros(1, np.uint64)
-    name, bucket_name = tb.name(f"allreduce.{cfg.allreduce}"), tb.name("allreduce.bucket")
+    bucket_name = tb.name("allreduce.bucket")
     done_at = bwd_end.max(axis=0)  # column j: layer L-1-j done on every rank
     for layer, nbytes in tr.buckets:
         ready = done_at[L - 1 - layer] if cfg.overlap else done_at.max()
         st = max(float(ready), prev)
         key = round(nbytes)
         if key not in tr.plans:
-            tr.plans[key] = collectives.plan(net, cfg.allreduce, tr.gpus, nbytes, cfg.channels)
+            tr.plans[key] = collectives.plan(
+                net, cfg.allreduce, tr.gpus, nbytes, cfg.channels, tr.comm_eff
+            )
         bid = tb.ids(1)
-        end = collectives.emit(tb, net, tr.plans[key], st, trace, int(bid[0]), name)
+        end = collectives.emit(tb, tr.plans[key], st, trace, int(bid[0]))
         if tr.fabric:
-            tr.fabric.forward_rounds(tr.plans[key], st, trace, int(bid[0]))
+            tr.fabric.forward_rounds(tr.plans[key].rounds, st, trace, int(bid[0]))
         tb.add(trace, bucket_name, st, end, parent, op="comm", nbytes=int(nbytes), span_ids=bid)
         first = st if first is None else first
         prev = end
@@ -211,17 +258,17 @@ def _allreduce(
 def _optimizer(tr: Training, t: float, trace: int, parent: int, bounds: dict, after: int) -> float:
     """GPU Adam (linked to the last all-reduce bucket it waited on) or the CPU offload path."""
     ctx, cfg, tb = tr.ctx, tr.cfg, tr.ctx.table
-    P = cfg.params
+    P = cfg.params / (len(tr.gpus) if cfg.sharding == "fsdp" else 1)  # the rank's shard
     if cfg.optimizer == "gpu":
         chips = [ctx.topology.chips[g] for g in tr.gpus]
         st = t + np.array([0.0 for _ in chips])
         dur = np.array(
             [
-                roofline_ns(
+                op_ns(
                     c,
-                    12 * P,
-                    16 * P,
+                    [("optimizer", 12 * P, 16 * P)],
                     "fp32" if "fp32" in c.peak_flops else tr.precision,
+                    tr.eff,
                     ctx.slow.get(c.id, 1.0),
                 )
                 for c in chips
@@ -260,8 +307,8 @@ def _cpu_optimizer(tr: Training, t: float, trace: int, parent: int, bounds: dict
     for i, h in enumerate(hosts):  # a CPU updates the shards of its GPUs one after another
         c = ctx.topology.chips[h]
         starts[i] = max(d_end[i], free.get(h, 0.0)) + ctx.delay.get(h, 0.0)
-        ends[i] = starts[i] + float(
-            roofline_ns(c, 12 * shard, 16 * shard, "fp32", ctx.slow.get(h, 1.0))
+        ends[i] = starts[i] + op_ns(
+            c, [("optimizer", 12 * shard, 16 * shard)], "fp32", tr.eff, ctx.slow.get(h, 1.0)
         )
         free[h] = ends[i]
     tb.add(
@@ -290,15 +337,14 @@ def input_plan(tr: Training, release: float) -> tuple[dict[str, str], dict[str, 
     GPU's nearest DPU; `dynamic`: the DPU that would finish it first (earliest finish time)."""
     ctx, cfg = tr.ctx, tr.cfg
     nbytes = cfg.input_mb * 1e6
+    work = [("elementwise", nbytes * cfg.preprocess_flops_per_byte, 2 * nbytes)]
     durations = {
-        d: float(
-            roofline_ns(
-                ctx.topology.chips[d],
-                nbytes * cfg.preprocess_flops_per_byte,
-                2 * nbytes,
-                resolve_precision(ctx.topology.chips[d], "fp32"),
-                ctx.slow.get(d, 1.0),
-            )
+        d: op_ns(
+            ctx.topology.chips[d],
+            work,
+            resolve_precision(ctx.topology.chips[d], "fp32"),
+            tr.eff,
+            ctx.slow.get(d, 1.0),
         )
         for d in tr.dpus
     }

@@ -120,3 +120,12 @@ def test_cli_bad_topology_file(tmp_path, capsys, make_tiny):
     rc = main(["emulate", "--topology", str(path), "--out", str(tmp_path / "t"), "--steps", "1"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "bandwidth_GBps = -1" in err and str(path) in err
+
+
+def test_sample_topologies_are_the_presets():
+    samples = Path(__file__).parents[2] / "samples" / "topologies"
+    for name in PRESETS:
+        shipped = load_topology(name)
+        copy = load_topology(samples / f"{name}.toml")
+        assert copy.to_manifest()["chips"] == shipped.to_manifest()["chips"], name
+        assert copy.to_manifest()["links"] == shipped.to_manifest()["links"], name

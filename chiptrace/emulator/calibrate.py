@@ -1,0 +1,227 @@
+"""Calibrate from a real trace: a step's device work per rank and stream, by op class, with
+the efficiencies the trace lets us fit. `workload=replay` (replay.py) runs it on any rack.
+
+Input: a trace dir with profiler steps (`chiptrace import` of PyTorch profiler files: roots
+named `ProfilerStep#N`, one trace per step shared by the ranks, device spans on `gpu:` or
+`npu:` chips). Each device span becomes an op: its stream (`thread.id`), its start within
+the step, its duration, and an op class from its kernel name (`gemm`, `attention`,
+`elementwise`, `optimizer`; NCCL kernels are `comm` with their collective and bytes;
+host-device copies are `copy` transfers).
+
+What is fitted, and from what:
+- comm: the fraction of the source machine's links the job's collectives reach: the
+  collectives' time on the source rack at full link speed (collectives.py) over their
+  measured time. NCCL kernel times include waiting for the other ranks, so this is the
+  job's effective figure, not NCCL's best.
+- compute classes: FLOPs over (time x peak) where the trace gives FLOPs (`op_flops`);
+  otherwise the source chip's preset figure (cited in its preset file) is assumed. Either
+  way the work of an op is its time at the source's effective rate, so replaying on the
+  source machine gives the trace's own times back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from chiptrace.emulator.errors import WorkloadError
+from chiptrace.emulator.topology import ChipSpec, Topology, load_topology
+
+CLASSES = ("gemm", "attention", "elementwise", "optimizer", "comm", "copy")
+# First match wins; everything else is elementwise (memory-bound kernels, reductions).
+_RULES = (
+    ("comm", r"nccl|rccl"),
+    ("attention", r"flash|fmha|attention|sdpa|_attn"),
+    ("optimizer", r"adam|adagrad|lamb\b|sgd|optimizer|multi_tensor_apply"),
+    ("gemm", r"gemm|cutlass|xmma|cublas|matmul|wgrad|dgrad|fprop|_mma|scudnn|conv"),
+)
+_PRECISION = (  # from the GEMM kernels' names, weighted by their time
+    ("fp8", r"e4m3|e5m2|fp8"),
+    ("bf16", r"bf16|bfloat16"),
+    ("fp16", r"f16|h1688|h16816|half|hgemm"),
+    ("fp32", r"tf32|s1688|s16816|sgemm|float|f32"),
+)
+# A GPU model named in a trace's resource -> the preset of its machine.
+MACHINES = (("GB200", "nvl72"), ("B200", "rack6"), ("H100", "h100x8"), ("A100", "a100x8"))
+
+
+def op_class(kernel: str, op_kind: str, has_link: bool) -> str:
+    """The op class of a device span from its name and kind."""
+    if op_kind == "comm":
+        return "comm"
+    if op_kind == "memcpy" and has_link:
+        return "copy"
+    low = kernel.lower()
+    for cls, pattern in _RULES:
+        if re.search(pattern, low):
+            return cls
+    return "elementwise"
+
+
+@dataclass
+class StepOps:
+    """One rank's device ops in one step, in start order (times in ns from the step start)."""
+
+    stream: np.ndarray
+    start: np.ndarray
+    dur: np.ndarray
+    cls: list[str]
+    name: list[str]
+    kind: list[str]
+    nbytes: np.ndarray
+    collective: list[str]
+    group: np.ndarray
+
+
+@dataclass
+class Profile:
+    """What calibration learned: the source machine, its steps and their ops, the fits."""
+
+    source: Topology
+    gpu: ChipSpec
+    precision: str
+    ranks: list[str]
+    steps: list[tuple[str, float]]  # (name, duration ns)
+    ops: list[dict[str, StepOps]]  # per step: rank chip id -> its ops
+    fitted: dict[str, float] = field(default_factory=dict)  # class -> efficiency
+    basis: dict[str, str] = field(default_factory=dict)  # class -> "fitted" | "preset"
+
+    def class_ms(self) -> dict[str, float]:
+        """Device time per class, ms per step per rank (median step's mix)."""
+        out: dict[str, float] = {}
+        for step in self.ops:
+            for ops in step.values():
+                for c, d in zip(ops.cls, ops.dur, strict=True):
+                    out[c] = out.get(c, 0.0) + float(d)
+        norm = max(1, len(self.ops) * len(self.ranks)) * 1e6
+        return {c: round(v / norm, 3) for c, v in sorted(out.items())}
+
+
+def load(trace_dir: str | Path, source: str = "") -> Profile:
+    """Read a trace dir's profiler steps and device ops.
+
+    Raises:
+        WorkloadError: no such dir, no profiler steps or no device work in them, or a
+            GPU model this module cannot place on a preset (pass `source`).
+    """
+    from chiptrace.query import connect
+
+    path = Path(trace_dir)
+    if not path.is_dir():
+        raise WorkloadError(f"calibrate {trace_dir}: not a trace directory")
+    con = connect(path)
+    steps = con.sql(
+        "SELECT trace_id, name, min(start_ns), max(end_ns) FROM spans "
+        "WHERE parent_span_id IS NULL AND regexp_matches(name, '^ProfilerStep#[0-9]+$') "
+        "GROUP BY 1, 2 ORDER BY 3"
+    ).fetchall()
+    if not steps:
+        raise WorkloadError(
+            f"calibrate {trace_dir}: no ProfilerStep#N root spans; calibration replays "
+            "profiler steps (record with torch.profiler and a schedule, then chiptrace import)"
+        )
+    rows = con.sql(
+        """SELECT s.trace_id, d.chip_id, d.name, d.op_kind, d.link_id IS NOT NULL,
+                  d.start_ns - s.start_ns, d.duration_ns, coalesce(d.op_bytes, 0),
+                  coalesce(d.op_flops, 0),
+                  coalesce(json_extract_string(d.attributes, '$."thread.id"'), '0'),
+                  coalesce(json_extract_string(d.attributes, '$."Collective name"'), ''),
+                  coalesce(TRY_CAST(json_extract(d.attributes, '$."Group size"') AS INTEGER), 0),
+                  d.resource
+           FROM spans d JOIN (SELECT trace_id, min(start_ns) AS start_ns FROM spans
+                              WHERE parent_span_id IS NULL GROUP BY 1) s USING (trace_id)
+           WHERE d.chip_type IN ('gpu', 'npu') AND d.duration_ns >= 0
+           ORDER BY d.chip_id, d.start_ns"""
+    ).fetchall()
+    if not rows:
+        raise WorkloadError(f"calibrate {trace_dir}: its profiler steps hold no GPU or NPU work")
+    topo = _source(trace_dir, source, rows)
+    gpu = next(c for c in topo.chips.values() if c.type == "gpu")
+    return _build(topo, gpu, steps, rows)
+
+
+def _source(trace_dir: str | Path, source: str, rows: list) -> Topology:
+    if source:
+        return load_topology(source)
+    names = set()
+    for r in {r[12] for r in rows if r[12]}:
+        names.update(json.loads(r).get("device.names") or [])
+    for model, preset in MACHINES:
+        if any(model in n for n in names):
+            return load_topology(preset)
+    what = ", ".join(sorted(names)) or "no GPU model"
+    raise WorkloadError(
+        f"calibrate {trace_dir}: the trace names {what}; pass the machine it ran on with "
+        "--set source=PRESET (a100x8, h100x8, rack6, nvl72) or a topology TOML"
+    )
+
+
+def _build(topo: Topology, gpu: ChipSpec, steps: list, rows: list) -> Profile:
+    index = {s[0]: i for i, s in enumerate(steps)}
+    per: list[dict[str, list]] = [{} for _ in steps]
+    flops: dict[str, list[float]] = {}
+    for tid, chip, name, kind, link, start, dur, nb, fl, stream, coll, group, _ in rows:
+        if tid not in index:
+            continue
+        cls = op_class(name, kind, link)
+        per[index[tid]].setdefault(chip, []).append(
+            (int(stream), start, dur, cls, name, kind, nb, coll, group)
+        )
+        if fl > 0:
+            flops.setdefault(cls, [0.0, 0.0])
+            flops[cls][0] += fl
+            flops[cls][1] += dur
+    ranks = sorted({c for step in per for c in step}, key=_rank_order)
+    ops = [{c: _ops(v) for c, v in step.items()} for step in per]
+    prof = Profile(
+        topo,
+        gpu,
+        _precision(ops, gpu),
+        ranks,
+        [(s[1], float(s[3] - s[2])) for s in steps],
+        ops,
+    )
+    for cls, (fl, ns) in flops.items():
+        if cls in ("gemm", "attention") and ns > 0:
+            prof.fitted[cls] = min(1.0, fl / (ns / 1e9) / gpu.peak_flops[prof.precision])
+            prof.basis[cls] = "fitted"
+    return prof
+
+
+def _ops(items: list) -> StepOps:
+    items.sort(key=lambda x: x[1])
+    col = list(zip(*items, strict=True))
+    return StepOps(
+        np.array(col[0], np.int64),
+        np.array(col[1], np.float64),
+        np.array(col[2], np.float64),
+        list(col[3]),
+        list(col[4]),
+        list(col[5]),
+        np.array(col[6], np.float64),
+        list(col[7]),
+        np.array(col[8], np.int64),
+    )
+
+
+def _precision(ops: list[dict[str, StepOps]], gpu: ChipSpec) -> str:
+    weight: dict[str, float] = {}
+    for step in ops:
+        for o in step.values():
+            for cls, name, d in zip(o.cls, o.name, o.dur, strict=True):
+                if cls != "gemm":
+                    continue
+                low = name.lower()
+                p = next((p for p, pat in _PRECISION if re.search(pat, low)), "bf16")
+                weight[p] = weight.get(p, 0.0) + float(d)
+    best = max(weight, key=weight.__getitem__) if weight else "bf16"
+    return best if best in gpu.peak_flops else "bf16"
+
+
+def _rank_order(chip: str) -> tuple[int, str]:
+    m = re.match(r"rank(\d+)/", chip)
+    return (int(m.group(1)) if m else 0, chip)
