@@ -20,6 +20,8 @@ own spans name this process's chips the same way.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +59,22 @@ class Within:
     def __post_init__(self) -> None:
         self._up = tree.nest(self.start, self.end, np.zeros(len(self.start), np.int32))
         self._order = np.argsort(self.start, kind="stable")
+
+    _ARRAYS = ("trace_id", "span_id", "start", "end")
+    _FACTS = ("service", "host", "resource", "run_id", "manifest")
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write to an uncompressed .npz (handed to an import in another process)."""
+        facts = json.dumps({k: getattr(self, k) for k in self._FACTS})
+        with open(path, "wb") as fh:
+            np.savez(fh, facts=np.array(facts), **{k: getattr(self, k) for k in self._ARRAYS})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Within:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in cls._ARRAYS}
+            facts = json.loads(str(z["facts"]))
+        return cls(**arrays, **facts)
 
     def identity(self, file_resource: dict[str, Any]) -> tuple[dict[str, Any], str]:
         """(resource, host) of the imported spans: the run's, with the file's rank facts."""

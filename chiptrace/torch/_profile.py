@@ -1,12 +1,12 @@
 """`chiptrace.torch.profile()`: the PyTorch profiler, its traces imported into the run's store.
 
 Each trace the profiler finishes (at the end of the block, or at the end of each cycle of a
-`schedule`) is exported by PyTorch to a hidden Kineto JSON file in the trace dir, imported
-with chiptrace's Kineto importer into the same store as the program's spans, each event
-under the chiptrace span that was open when it ran (chiptrace.importers.within), and the
-file removed (kept only where `keep_traces` names a folder). Importing a trace costs about
-6 us a profiler event, on the thread that called `step()` or left the block, beside the
-~40 us a profiler event costs PyTorch itself (its own stop and export).
+`schedule`) is exported by PyTorch to a hidden Kineto JSON file in the trace dir, then
+imported with chiptrace's Kineto importer into the same store as the program's spans, each
+event under the chiptrace span that was open when it ran (chiptrace.importers.within), and
+the file removed (kept only where `keep_traces` names a folder). The import runs in a
+separate process (chiptrace.importers.background): the program pays for PyTorch's export
+and nothing more; `wait()`, `chiptrace.shutdown()` or the process's exit wait for it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,15 @@ log = logging.getLogger("chiptrace")
 
 _active_profile: profile | None = None
 _counter = itertools.count()
+
+
+def _wait_at_shutdown(final: bool) -> None:
+    """A recorder resolver: its shutdown waits for the traces being imported."""
+    if final:
+        from chiptrace.importers.background import EXIT_WAIT_S, importer
+
+        if not importer().wait(EXIT_WAIT_S):
+            log.warning("chiptrace: profiler traces still importing at shutdown")
 
 
 def default_activities() -> list[torch.profiler.ProfilerActivity]:
@@ -92,6 +101,11 @@ class profile:  # noqa: N801 - used like torch.profiler.profile
             self.keep_traces.mkdir(parents=True, exist_ok=True)
         self._spans = RunSpans(rec)
         self._spans.note_open()
+        from chiptrace.importers.background import importer
+
+        importer().start()  # ~0.5 s, in the child, while the block runs
+        if _wait_at_shutdown not in rec.resolvers:
+            rec.resolvers = [*rec.resolvers, _wait_at_shutdown]
         self._since_ns = time.time_ns()
         self.profiler = torch.profiler.profile(
             activities=self.activities,
@@ -135,38 +149,56 @@ class profile:  # noqa: N801 - used like torch.profiler.profile
             raise AttributeError(f"chiptrace.torch.profile has no {name!r} (not profiling)")
         return getattr(prof, name)
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the traces handed over so far are in the store (or failed); False
+        on timeout. Process exit and `chiptrace.shutdown()` wait too."""
+        from chiptrace.importers.background import importer
+
+        return importer().wait(timeout)
+
     # ------------------------------------------------------------ traces
 
     def _ready(self, prof: Any) -> None:
-        """A trace is ready: export, import under the run's spans, remove the file."""
+        """A trace is ready: export it, hand it to the background importer."""
         spans, rec = self._spans, _STATE.recorder
         try:
             if spans is not None and rec is not None:
-                self._import(prof, spans, rec.config.dir)
+                self._hand_over(prof, spans, Path(rec.config.dir))
         finally:
             self._since_ns = time.time_ns()
             if self.on_trace_ready is not None:
                 self.on_trace_ready(prof)
 
-    def _import(self, prof: Any, spans: RunSpans, out: Path) -> None:
-        from chiptrace.importers import import_trace
+    def _hand_over(self, prof: Any, spans: RunSpans, out: Path) -> None:
+        from chiptrace.importers.background import importer
 
         n = next(_counter)
         if self.keep_traces is not None:
             path = self.keep_traces / f"{os.getpid()}.{n}.pt.trace.json"
         else:
-            path = Path(out) / f".torch-{os.getpid()}-{n}.json"
+            path = out / f".torch-{os.getpid()}-{n}.json"
         try:
             prof.export_chrome_trace(str(path))
-            within = spans.within(self._since_ns)
-            summary = import_trace([path], out, format="kineto", workers=0, within=within)
-        except Exception as e:  # noqa: BLE001 - the traced program goes on: a trace that
-            # cannot be exported or imported is counted and named in one warning line.
+        except Exception as e:  # noqa: BLE001 - the traced program goes on; counted
+            path.unlink(missing_ok=True)
+            self._done({"error": f"export failed: {e}"})
+            return
+        spans.note_open()  # the spans open on this thread now enclose the whole window
+        since = self._since_ns
+        spans.expect()
+        importer().submit(
+            path,
+            out,
+            prepare=lambda: spans.within(since),
+            done=self._done,
+            keep=self.keep_traces is not None,
+        )
+
+    def _done(self, result: dict[str, Any]) -> None:
+        """A trace's import ended (on the importer's thread): count it."""
+        if "error" in result:
             self.traces_failed += 1
-            log.warning("chiptrace.torch: profiler trace not imported: %s", e)
+            log.warning("chiptrace.torch: profiler trace not imported: %s", result["error"])
         else:
             self.traces_imported += 1
-            self.spans_imported += summary.spans
-        finally:
-            if self.keep_traces is None:
-                path.unlink(missing_ok=True)
+            self.spans_imported += result.get("spans", 0)

@@ -88,6 +88,9 @@ class RunSpans:
         self.recorder = recorder
         self._capture = _Capture()
         self._open: dict[int, tuple[bytes, int]] = {}
+        self._lock = threading.Lock()
+        self._jobs = 0  # snapshots asked for and not yet taken
+        self._closed = False
         # The sinks list is rebound, never changed in place: the writer thread may be
         # iterating the old one.
         recorder.sinks = [*recorder.sinks, self._capture]
@@ -99,11 +102,25 @@ class RunSpans:
             trace_id, span_id, start = found
             self._open.setdefault(span_id, (trace_id, start))
 
+    def expect(self) -> None:
+        """A snapshot will be asked for: the capture stays on until it is taken."""
+        with self._lock:
+            self._jobs += 1
+
     def within(self, since_ns: int) -> Within:
         """The run spans for an import of events from `since_ns` on (flushes the recorder,
-        so that every span finished so far is there)."""
-        self.note_open()
-        self.recorder.flush()
+        so that every span finished so far is there); ends an `expect()`."""
+        try:
+            self.recorder.flush()
+            return self._snapshot(since_ns)
+        finally:
+            with self._lock:
+                self._jobs -= 1
+                last = self._closed and not self._jobs
+            if last:
+                self._detach()
+
+    def _snapshot(self, since_ns: int) -> Within:
         trace, span, start, end = self._capture.take(since_ns)
         done = set(span.tolist())
         still = [(k, v) for k, v in self._open.items() if k not in done]
@@ -128,5 +145,13 @@ class RunSpans:
         )
 
     def close(self) -> None:
+        """No more snapshots will be expected; the capture ends after the last one."""
+        with self._lock:
+            self._closed = True
+            last = not self._jobs
+        if last:
+            self._detach()
+
+    def _detach(self) -> None:
         rec = self.recorder
         rec.sinks = [s for s in rec.sinks if s is not self._capture]

@@ -24,6 +24,7 @@ def test_aten_ops_are_inside_the_step_span_around_them(trace_dir, train_step):
             for i in range(3):
                 with chiptrace.span("step", attributes={"i": i}):
                     train_step()
+    assert prof.wait(60)  # the import runs in a process of its own
     assert (prof.traces_imported, prof.traces_failed) == (1, 0)
 
     rows = read_spans(trace_dir)
@@ -60,6 +61,7 @@ def test_schedule_records_the_active_steps_and_imports_each_cycle(trace_dir, tra
             with chiptrace.span("step", attributes={"i": i}):
                 train_step()
             prof.step()
+    assert prof.wait(60)
     assert prof.traces_imported == 2 and len(ready) == 2  # the user's handler ran too
 
     rows = read_spans(trace_dir)
@@ -80,6 +82,7 @@ def test_keep_traces_keeps_the_kineto_files(trace_dir, train_step, tmp_path):
     keep = tmp_path / "kineto"
     with chiptrace.torch.profile(keep_traces=keep):
         train_step()
+    chiptrace.torch.profile().wait(60)
     kept = list(keep.glob("*.json"))
     assert len(kept) == 1
     # The kept file is a Kineto trace `chiptrace import` reads on its own.
@@ -97,6 +100,7 @@ def test_a_profile_inside_a_profile_leaves_the_recording_to_the_outer(trace_dir,
             train_step()
             inner.step()
             train_step()
+    assert outer.wait(60)
     assert outer.traces_imported == 1 and inner.traces_imported == 0
     names = {r["name"] for r in read_spans(trace_dir)}
     assert {"ProfilerStep#0", "ProfilerStep#1"} <= names
@@ -110,6 +114,7 @@ def test_a_trace_that_cannot_be_imported_is_counted_and_the_program_goes_on(
     with chiptrace.torch.profile() as prof:
         train_step()
         shutil.rmtree(trace_dir)  # nowhere to export the trace to
+    assert prof.wait(60)
     assert (prof.traces_imported, prof.traces_failed) == (0, 1)
     assert "profiler trace not imported" in caplog.text
 
