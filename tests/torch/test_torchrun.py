@@ -16,7 +16,7 @@ from tests.torch.conftest import ancestors
 
 pytestmark = pytest.mark.torch
 
-JOB = Path(__file__).resolve().parent / "ddp_job.py"
+JOB = Path(__file__).resolve().parents[2] / "samples" / "torch_ddp.py"
 
 
 def test_record_torchrun_gives_every_rank_in_one_store(tmp_path, torch):
@@ -37,7 +37,7 @@ def test_record_torchrun_gives_every_rank_in_one_store(tmp_path, torch):
         r["res"] = json.loads(r["resource"])
     ranks = {r["res"]["distributed.rank"] for r in rows}
     assert ranks == {0, 1}
-    assert {r["service"] for r in rows} == {"ddp_job"}  # the script, not torchrun
+    assert {r["service"] for r in rows} == {"torch_ddp"}  # the script, not torchrun
     for rank in (0, 1):
         mine = [r for r in rows if r["res"]["distributed.rank"] == rank]
         res = mine[0]["res"]

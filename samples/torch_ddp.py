@@ -1,5 +1,11 @@
-"""A two-rank gloo job for tests/torch: a few DDP steps, each a chiptrace `step` span, with
-a traced all_reduce. Run by `chiptrace record -- torchrun ... ddp_job.py`."""
+"""A data-parallel training job traced by chiptrace: each step a `step` span, the forward on
+this rank's GPU (`chip="gpu"`: gpu:<LOCAL_RANK>), an all-reduce as a comm span.
+
+    chiptrace record --out runs/ddp -- torchrun --standalone --nproc-per-node 2 samples/torch_ddp.py
+
+Each rank runs under chiptrace.torch.profile() (record does that for torchrun), so its
+PyTorch ops land in the same store, under its step spans. CPU and gloo: no GPU needed.
+"""
 
 from __future__ import annotations
 
