@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 from chiptrace import config as _config
 from chiptrace._span import _STATE, Span, _close, _open, _randbits, _reset_context, _time_ns
 from chiptrace.errors import ConfigError
+from chiptrace.recorder import Recorder
 from chiptrace.schema import Tags
 
 R = TypeVar("R")
@@ -48,7 +49,8 @@ class DeviceTimer(Protocol):
         """Mark the end; the token `hold` takes."""
 
     def hold(self, span: Span, token: Any) -> None:
-        """Keep the ended span until its marks resolve, then `release` it."""
+        """Keep the ended span until its marks resolve, then `release` it into the
+        recorder `attach` gives."""
 
     def resolve(self, final: bool) -> None:
         """Release the spans whose marks the device has passed (all of them if final)."""
@@ -116,17 +118,21 @@ def wanted(device_time: bool | None, tags: Tags, name: str, plain: bool = True) 
     return True
 
 
-def attach(resolve: Callable[[bool], None]) -> None:
-    """Have the current recorder's writer thread call `resolve` (once per recorder)."""
+def attach(resolve: Callable[[bool], None]) -> Recorder | None:
+    """Have the current recorder's writer thread call `resolve` (once per recorder);
+    returns that recorder, the one to `release` into."""
     rec = _STATE.recorder or _STATE.auto_init()
     if rec is not None and resolve not in rec.resolvers:
         rec.resolvers = [*rec.resolvers, resolve]
+    return rec
 
 
-def release(span: Span, device: tuple[int, int] | None = None, **attributes: Any) -> None:
-    """Record a held span; with (start, end) Unix ns of the device's time, as attributes
+def release(
+    span: Span, rec: Recorder | None, device: tuple[int, int] | None = None, **attributes: Any
+) -> None:
+    """Record a held span into `rec` (the recorder `attach` gave: at shutdown it is no
+    longer the current one); with (start, end) Unix ns of the device's time, as attributes
     and as a child span `NAME (device)` on the span's chip."""
-    rec = _STATE.recorder or _STATE.auto_init()
     if rec is None:
         return
     if device is not None:
@@ -174,10 +180,8 @@ def wrap_function(fn: Callable[..., R], name: str, tags: Tags, kind: int) -> Cal
         if not _STATE.enabled:
             return fn(*args, **kwargs)
         t = timer()
-        if t is None:  # no device to time: a plain span
-            return _plain(fn, name, tags, kind, args, kwargs)
         span, token = _open(name, tags, kind)
-        mark = t.start()
+        mark = t.start() if t is not None else None  # None: no device, a plain span
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -187,17 +191,6 @@ def wrap_function(fn: Callable[..., R], name: str, tags: Tags, kind: int) -> Cal
             _end(span, token, t, mark)
 
     return wrapper
-
-
-def _plain(fn: Callable[..., R], name: str, tags: Tags, kind: int, args: Any, kwargs: Any) -> R:
-    span, token = _open(name, tags, kind)
-    try:
-        return fn(*args, **kwargs)
-    except BaseException as e:
-        span._fail(e)
-        raise
-    finally:
-        _close(span, token)
 
 
 @functools.lru_cache(maxsize=1)
@@ -217,12 +210,11 @@ def span_class() -> type:
             return s
 
         def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-            s = self._span
-            if s is None:
-                return
+            self._token, mark = self._token
+            if mark is None or self._span is None:  # not timed: as any span
+                return super().__exit__(exc_type, exc, tb)
             if exc is not None:
-                s._fail(exc)
-            token, mark = self._token
-            _end(s, token, timer(), mark)
+                self._span._fail(exc)
+            _end(self._span, self._token, timer(), mark)
 
     return DeviceSpan

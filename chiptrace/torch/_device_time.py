@@ -22,6 +22,7 @@ import torch
 
 from chiptrace import _device
 from chiptrace._span import Span
+from chiptrace.recorder import Recorder
 
 log = logging.getLogger("chiptrace")
 
@@ -38,7 +39,7 @@ class CudaTimer:
 
     def __init__(self) -> None:
         self._free: dict[int, list[torch.cuda.Event]] = collections.defaultdict(list)
-        self._held: collections.deque[tuple[Span, Any]] = collections.deque()
+        self._held: collections.deque[tuple[Span, Any, Recorder | None]] = collections.deque()
         self._streams: dict[int, torch.cuda.Stream] = {}
         self.untimed = 0  # spans recorded without device time (too many held, or an error)
 
@@ -64,8 +65,7 @@ class CudaTimer:
         return device, begin, end
 
     def hold(self, span: Span, token: Any) -> None:
-        self._held.append((span, token))
-        _device.attach(self.resolve)
+        self._held.append((span, token, _device.attach(self.resolve)))
 
     # ------------------------------------------------------------ the writer thread
 
@@ -82,19 +82,20 @@ class CudaTimer:
         return ref, t0 + (t1 - t0) // 2
 
     def resolve(self, final: bool) -> None:
-        ready: list[tuple[Span, Any]] = []
+        ready: list[tuple[Span, Any, Recorder | None]] = []
         for _ in range(len(self._held)):
-            span, token = self._held.popleft()
+            item = self._held.popleft()
+            end = item[1][2]
             if final:
-                token[2].synchronize()  # shutdown: the only wait, and not the program's
-            elif not token[2].query():
-                self._held.append((span, token))
+                end.synchronize()  # shutdown: the only wait, and not the program's
+            elif not end.query():
+                self._held.append(item)
                 continue
-            ready.append((span, token))
+            ready.append(item)
         if not ready:
             return
         refs: dict[int, tuple[torch.cuda.Event, int]] = {}
-        for span, (device, begin, end) in ready:
+        for span, (device, begin, end), rec in ready:
             if device not in refs:
                 refs[device] = self._reference(device)
             ref, host = refs[device]
@@ -104,9 +105,9 @@ class CudaTimer:
             except RuntimeError as e:  # an event the device could not time: no device time
                 self.untimed += 1
                 log.debug("chiptrace: device time of %r lost: %s", span.name, e)
-                _device.release(span)
+                _device.release(span, rec)
             else:
-                _device.release(span, (start, max(stop, start)), **{"device.index": device})
+                _device.release(span, rec, (start, max(stop, start)), **{"device.index": device})
             self._free[device] += [begin, end]
         for device, (ref, _) in refs.items():
             self._free[device].append(ref)

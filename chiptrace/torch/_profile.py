@@ -144,7 +144,8 @@ class profile:  # noqa: N801 - used like torch.profiler.profile
             target.profiler.step()
 
     def __getattr__(self, name: str) -> Any:
-        prof = self.__dict__.get("profiler")
+        owner = self.__dict__.get("_outer") or self
+        prof = owner.__dict__.get("profiler")
         if prof is None:
             raise AttributeError(f"chiptrace.torch.profile has no {name!r} (not profiling)")
         return getattr(prof, name)

@@ -36,14 +36,13 @@ class HostClockTimer:
         return token, time.time_ns()
 
     def hold(self, span, token) -> None:
-        self.held.append((span, token))
-        _device.attach(self.resolve)
+        self.held.append((span, token, _device.attach(self.resolve)))
 
     def resolve(self, final: bool) -> None:
         self.threads.add(threading.current_thread().name)
         held, self.held = self.held, []
-        for span, (start, end) in held:
-            _device.release(span, (start + 1000, end + 1000), **{"device.index": 0})
+        for span, (start, end), rec in held:
+            _device.release(span, rec, (start + 1000, end + 1000), **{"device.index": 0})
 
 
 @pytest.fixture
