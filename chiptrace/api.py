@@ -15,6 +15,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation import _SPAN_KEY
 
+from chiptrace import _device
 from chiptrace._span import (
     _KINDS,
     _STATE,
@@ -87,6 +88,7 @@ def trace(
     precision: str | None = None,
     attributes: Mapping[str, Any] | None = None,
     kind: otel_trace.SpanKind | int = otel_trace.SpanKind.INTERNAL,
+    device_time: bool | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -100,6 +102,7 @@ def trace(
     precision: str | None = None,
     attributes: Mapping[str, Any] | None = None,
     kind: otel_trace.SpanKind | int = otel_trace.SpanKind.INTERNAL,
+    device_time: bool | None = None,
 ) -> Any:
     """Trace every call of a function, async function, generator or method.
 
@@ -116,6 +119,8 @@ def trace(
         precision: op.precision (fp32, bf16, fp16, fp8, nvfp4, int8).
         attributes: static attributes added to every span.
         kind: OpenTelemetry span kind.
+        device_time: on a GPU-tagged function, also time the GPU's work (CUDA events
+            around the call; see docs/torch.md). None: CHIPTRACE_DEVICE_TIME.
 
     Raises:
         ChipError: unknown chip, link, op kind or precision (at decoration, not per call).
@@ -136,6 +141,9 @@ def trace(
                 f"@trace on async generator {span_name!r} is not supported; "
                 "use `async with chiptrace.span(...)` inside it"
             )
+        plain = not (inspect.isgeneratorfunction(f) or inspect.iscoroutinefunction(f))
+        if (device_time or _device.DEFAULT) and _device.wanted(device_time, tags, span_name, plain):
+            return _device.wrap_function(f, span_name, tags, span_kind)
         if inspect.isgeneratorfunction(f):
             return _wrap_generator(f, span_name, tags, span_kind)
         if inspect.iscoroutinefunction(f):
@@ -287,7 +295,8 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
     """A span around a block: `with chiptrace.span("copy", link="pcie5:cpu:0-gpu:0") as s:`.
 
     The object `as` gives is a `Span`: set attributes, add events, set status. Works with
-    `async with` too. Arguments as for `trace`.
+    `async with` too. Arguments as for `trace` (`device_time=True`: a GPU-tagged block
+    also times the GPU's work).
 
     Raises:
         ChipError: unknown chip, link, op kind or precision.
@@ -305,6 +314,7 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         precision: str | None = None,
         attributes: Mapping[str, Any] | None = None,
         kind: otel_trace.SpanKind | int = otel_trace.SpanKind.INTERNAL,
+        device_time: bool | None = None,
     ) -> None:
         self._name = name
         self._tags = _make_tags(chip, link, op, precision, None)
@@ -312,6 +322,8 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         self._kind = _kind(kind)
         self._span: Span | None = None
         self._token: Any = None
+        if (device_time or _device.DEFAULT) and _device.wanted(device_time, self._tags, name):
+            self.__class__ = _device.span_class()  # GPU-timed enter and exit (_device.py)
 
     def __enter__(self) -> Span:
         s, self._token = _open(self._name, self._tags, self._kind)

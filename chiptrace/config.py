@@ -31,6 +31,11 @@ ENV_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENV_SAMPLE_HOST = "CHIPTRACE_SAMPLE_HOST"
 ENV_SAMPLE_INTERVAL = "CHIPTRACE_SAMPLE_INTERVAL"
 ENV_SAMPLER_PID = "CHIPTRACE_SAMPLER_PID"  # set by the process that samples the host
+ENV_DEVICE_TIME = "CHIPTRACE_DEVICE_TIME"  # GPU-tagged spans time the device (chiptrace.torch)
+# Set by torchrun (and torch.distributed.launch, DeepSpeed, Accelerate) in each rank.
+ENV_RANK = "RANK"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_WORLD_SIZE = "WORLD_SIZE"
 
 DEFAULT_ROOT = "chiptrace-traces"
 DEFAULT_FLUSH_INTERVAL_S = 2.0
@@ -101,6 +106,44 @@ def parse_resource_attributes(raw: str) -> dict[str, str]:
     return attrs
 
 
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    """A launcher's integer variable; None when unset or not a whole number (the names are
+    generic: a value that is not torchrun's is not chiptrace's to refuse)."""
+    raw = env.get(name, "").strip()
+    return int(raw) if raw.isascii() and raw.isdigit() else None
+
+
+def local_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's rank on its host: LOCAL_RANK (torchrun sets it), else 0."""
+    found = _env_int(os.environ if env is None else env, ENV_LOCAL_RANK)
+    return found if found is not None else 0
+
+
+def rank_resource(env: Mapping[str, str], host: str) -> dict[str, Any]:
+    """Resource attributes of a rank of a distributed job (RANK / LOCAL_RANK / WORLD_SIZE
+    set, as torchrun sets them): rank, local rank, world size and host; {} otherwise.
+    The names are the ones imported PyTorch profiler traces carry (`distributed.rank`).
+    """
+    found = {
+        "distributed.rank": _env_int(env, ENV_RANK),
+        "distributed.local_rank": _env_int(env, ENV_LOCAL_RANK),
+        "distributed.world_size": _env_int(env, ENV_WORLD_SIZE),
+    }
+    if all(v is None for v in found.values()):
+        return {}
+    return {**{k: v for k, v in found.items() if v is not None}, "host.name": host}
+
+
+def device_time_default(env: Mapping[str, str] | None = None) -> bool:
+    """CHIPTRACE_DEVICE_TIME: GPU-tagged spans time the device unless they say otherwise.
+
+    Raises:
+        ConfigError: not a boolean.
+    """
+    env = os.environ if env is None else env
+    return parse_bool(ENV_DEVICE_TIME, env.get(ENV_DEVICE_TIME, "") or "0")
+
+
 def resolve(env: Mapping[str, str] | None = None, **kwargs: Any) -> Config:
     """Resolve settings from keyword arguments (None means unset), the environment, defaults.
 
@@ -122,7 +165,9 @@ def resolve(env: Mapping[str, str] | None = None, **kwargs: Any) -> Config:
 
     name, raw = pick("enabled", ENV_ENABLED, True)
     enabled = parse_bool(name, raw)
-    resource = parse_resource_attributes(env.get(ENV_OTEL_RESOURCE, ""))
+    host = kwargs.get("host") or socket.gethostname()
+    resource = rank_resource(env, host)
+    resource.update(parse_resource_attributes(env.get(ENV_OTEL_RESOURCE, "")))
     resource.update(kwargs.get("resource") or {})
     _, service = pick("service", ENV_SERVICE, None)
     service = (
@@ -152,7 +197,7 @@ def resolve(env: Mapping[str, str] | None = None, **kwargs: Any) -> Config:
         flush_spans=flush_spans,
         max_buffered=max_buffered,
         otlp_endpoint=otlp,
-        host=kwargs.get("host") or socket.gethostname(),
+        host=host,
     )
 
 

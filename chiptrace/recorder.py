@@ -106,6 +106,10 @@ class Recorder:
         self._wake = threading.Event()
         self._stop = False
         self._last_flush = time.monotonic()
+        # Called before each flush and at each wake of the writer thread (final=True once,
+        # at shutdown): they hand in spans they held back, e.g. GPU-timed spans whose CUDA
+        # events have completed (chiptrace._device). Rebound, never changed in place.
+        self.resolvers: list[Callable[[bool], None]] = []
         resource = {"service.name": config.service, **config.resource}
         self.constants: dict[str, Any] = {
             "service": config.service,
@@ -194,6 +198,7 @@ class Recorder:
         """Hand everything buffered to the sinks now; returns the spans flushed."""
         with self._flush_lock:
             self._last_flush = time.monotonic()
+            self._resolve(False)
             batches = self._take()
             total = sum(b.num_rows for b in batches)
             if total:
@@ -240,9 +245,19 @@ class Recorder:
         while not self._stop:
             self._wake.wait(_POLL_S)
             self._wake.clear()
+            self._resolve(False)
             due = time.monotonic() - self._last_flush >= interval
             if self.pending >= self.config.flush_spans or (due and self.pending):
                 self.flush()
+
+    def _resolve(self, final: bool) -> None:
+        for resolve in self.resolvers:
+            try:
+                resolve(final)
+            except Exception as e:  # noqa: BLE001 - a resolver never stops the writer
+                if "resolver" not in self._failing_names:
+                    self._failing_names.add("resolver")
+                    log.warning("chiptrace: span resolver %r failed: %s", resolve, e)
 
     def abandon(self) -> None:
         """Forget buffered spans and sinks without writing (a forked child's inherited copy)."""
@@ -262,6 +277,7 @@ class Recorder:
             self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
+        self._resolve(True)
         self.flush()
         for sink in self.sinks:
             try:

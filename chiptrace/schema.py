@@ -209,6 +209,10 @@ def trace_ids_to_binary(ids: Any) -> pa.FixedSizeBinaryArray:
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(ids), [None, buf])
 
 
+# Chip types a bare `chip="gpu"` names this rank's own one of (see Tags.build).
+LOCAL_CHIP_TYPES = ("gpu", "npu")
+
+
 @dataclass(frozen=True, slots=True)
 class Tags:
     """The static chip, link and op columns of a decorated function: parsed once, shared."""
@@ -232,7 +236,15 @@ class Tags:
         precision: str | None = None,
         attributes: Mapping[str, Any] | None = None,
     ) -> Tags:
-        """Validate the tags of a decorator or span() call: errors surface at decoration."""
+        """Validate the tags of a decorator or span() call: errors surface at decoration.
+
+        A bare accelerator type (`chip="gpu"`, `"npu"`) is this process's own: index
+        LOCAL_RANK, which torchrun sets in each rank (0 in a process started otherwise).
+        """
+        if chip in LOCAL_CHIP_TYPES:
+            from chiptrace.config import local_rank
+
+            chip = f"{chip}:{local_rank()}"
         c = parse_chip(chip) if chip is not None else None
         lk = parse_link(link) if link is not None else None
         if op is not None:

@@ -52,6 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sample", action="store_true", help="trace only; do not sample the host")
     p.add_argument("--quiet", "-q", action="store_true", help="print no report")
     p.add_argument(
+        "--no-torch-profile",
+        action="store_true",
+        help="with torchrun: do not run each rank under chiptrace.torch.profile()",
+    )
+    p.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the program to run"
     )
 
@@ -97,6 +102,30 @@ def _command(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
+def _profiled(cmd: list[str]) -> tuple[list[str], list[str]]:
+    """A torchrun command with each rank run under chiptrace.torch.profile(), so every
+    rank's profiler ops join the store (chiptrace.cli._torchrun); any other, unchanged.
+    Also the program the ranks run (`python SCRIPT ARGS`), which names the service."""
+    from importlib.util import find_spec
+
+    from chiptrace.cli._torchrun import RUNNER, launcher_end, wrap  # torch loads in wrap()
+
+    if launcher_end(cmd) is None:
+        return cmd, cmd
+    why: str | None = "PyTorch is not installed here"
+    if find_spec("torch") is not None:
+        wrapped, why = wrap(cmd)
+    if why is not None:
+        print(f"chiptrace: torchrun ranks not profiled: {why}", file=sys.stderr)
+        return cmd, cmd
+    print(
+        "chiptrace: each rank runs under chiptrace.torch.profile() "
+        "(python -m chiptrace.torch; --no-torch-profile turns it off)",
+        file=sys.stderr,
+    )
+    return wrapped, ["python", *wrapped[wrapped.index(RUNNER) + 1 :]]
+
+
 def _wait(proc: subprocess.Popen[Any]) -> int:
     """Wait for the child; Ctrl-C reaches it too, so keep waiting for its own exit code.
     SIGTERM to us is passed on to it."""
@@ -133,12 +162,15 @@ def run(args: argparse.Namespace) -> int:
     from chiptrace.host.sampler import HostSampler
 
     cmd = _command(args)
+    program = cmd  # what names the service: the training script, not torchrun
+    if not args.no_torch_profile:
+        cmd, program = _profiled(cmd)
     if args.interval is not None and not args.interval >= config.MIN_SAMPLE_INTERVAL_S:
         raise ConfigError(f"--interval {args.interval:g}: expected at least 0.01 seconds")
     _, interval = config.resolve_sampling(True, args.interval)  # --interval, then the env
     run_id = os.environ.get(config.ENV_RUN_ID) or config.new_run_id()
     out = Path(args.out or os.environ.get(config.ENV_DIR) or Path(config.DEFAULT_ROOT) / run_id)
-    service = args.service or os.environ.get(config.ENV_SERVICE) or service_name(cmd)
+    service = args.service or os.environ.get(config.ENV_SERVICE) or service_name(program)
     sampler = None
     if not args.no_sample:
         sampler = HostSampler(

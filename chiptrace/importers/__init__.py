@@ -15,10 +15,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chiptrace.importers.detect import FORMATS, detect
 from chiptrace.importers.source import TraceFormatError
+
+if TYPE_CHECKING:
+    from chiptrace.importers.within import Within
 
 ALIGN_MODES = ("auto", "nccl", "none")
 _SUFFIXES = (".json", ".json.gz", ".jsonl", ".jsonl.gz", ".gz")
@@ -84,6 +87,7 @@ def import_trace(
     align: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
+    within: Within | None = None,
 ) -> ImportSummary:
     """Import trace files into the trace dir `out` (created if missing).
 
@@ -97,6 +101,8 @@ def import_trace(
         workers: processes that decode Kineto files beside this one (0: none); default
             one per idle CPU (at most 4, none if fewer than 2 are idle) when the Kineto
             files hold 48 MB or more. Only on Linux, from a process with no other thread.
+        within: a recorded run in `out` whose spans the imported events nest under, on
+            the same clock (see chiptrace.importers.within; chiptrace.torch uses it).
 
     Returns:
         What was stored (`ImportSummary`).
@@ -128,7 +134,7 @@ def import_trace(
     pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
     try:
-        summary = run_import(files, formats, Path(out), align, seed, progress, workers)
+        summary = run_import(files, formats, Path(out), align, seed, progress, workers, within)
     finally:
         pa.set_memory_pool(pool)
     summary.seconds = time.perf_counter() - t0

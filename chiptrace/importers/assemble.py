@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from chiptrace.importers import arrow, tree
 from chiptrace.importers.plan import Block, FileFacts, concat
+from chiptrace.importers.within import Within
 from chiptrace.importers.writer import Staging, read_spill
 from chiptrace.schema import SPAN_SCHEMA, dumps, ids_to_binary, trace_ids_to_binary
 
@@ -105,8 +106,11 @@ def _qualify_link(link: str, prefix: str) -> str:
 class Assembler:
     """Turns read files into finished span batches in the staging folder."""
 
-    def __init__(self, staging: Staging, seed: bytes, align: str) -> None:
+    def __init__(
+        self, staging: Staging, seed: bytes, align: str, within: Within | None = None
+    ) -> None:
         self.staging, self.seed, self.align = staging, seed, align
+        self.within = within
         self._seed_int = np.uint64(int.from_bytes(seed[:8], "big") & ((1 << 63) - 1))
         self._traces: list[bytes] = []
         self._trace_index: dict[Any, int] = {}
@@ -121,7 +125,8 @@ class Assembler:
     def finish(self, files: list[Pending]) -> int:
         """Write every file's spans; returns the number written."""
         self.offsets = align_offsets(files, self.align)
-        prefixes = qualifier(files)
+        # Into a recorded run, chips are named as the run's own spans name them.
+        prefixes = qualifier(files) if self.within is None else {f.no: "" for f in files}
         total = 0
         for f in files:
             total += self._file(f, prefixes[f.no])
@@ -133,12 +138,17 @@ class Assembler:
         n = len(start)
         if n == 0:
             return 0
-        t = tree.build(start, end, f.take("thread"), f.take("role"), f.take("corr"))
-        ids = self._ids(f, t)
+        role = f.take("role")
+        t = tree.build(start, end, f.take("thread"), role, f.take("corr"))
+        offset = f.facts.base_ns + self.offsets.get(f.no, 0)
+        adopted = None
+        if self.within is not None:
+            adopted = self.within.adopt(start + offset, end + offset, role, t)
+        del role
+        ids = self._ids(f, t, adopted)
         launch_row = t.launch_row
         del t  # parents and steps are in ids now: ~16 bytes a span less while writing
         traces = np.frombuffer(b"".join(self._traces), np.uint8).reshape(-1, 16)
-        offset = f.facts.base_ns + self.offsets.get(f.no, 0)
         const = self._constants(f, prefix)
         row = 0
         for block in f.blocks:
@@ -175,8 +185,9 @@ class Assembler:
             row += k
         return n
 
-    def _ids(self, f: Pending, t: tree.Tree) -> _Ids:
-        """Span and parent ids, and each span's trace (an index into self._traces)."""
+    def _ids(self, f: Pending, t: tree.Tree, adopted: np.ndarray | None = None) -> _Ids:
+        """Span and parent ids, and each span's trace (an index into self._traces);
+        `adopted`: the run span each row hangs under (see chiptrace.importers.within)."""
         n = len(t.parent)
         step = f.take("step")
         base = np.uint64(f.no << 40) + self._seed_int
@@ -188,6 +199,8 @@ class Assembler:
         trace = np.full(n, self._trace(("file", f.no)), np.int32)
         has_step = t.step_row >= 0
         trace[has_step] = lut[np.searchsorted(steps, step[t.step_row[has_step]])]
+        if self.within is not None and adopted is not None:
+            self._adopt(self.within, t.parent, adopted, parents, trace)
         given = [b.ids for b in f.blocks if b.ids is not None]
         if not given:
             return _Ids(span_ids, parents, trace)
@@ -203,9 +216,39 @@ class Assembler:
             np.where(has, g_span, span_ids), np.where(has, g_parent, parents), trace, given_trace
         )
 
+    def _adopt(
+        self,
+        within: Within,
+        parent: np.ndarray,
+        adopted: np.ndarray,
+        parents: np.ndarray,
+        trace: np.ndarray,
+    ) -> None:
+        """Rows under a run span take its span id as parent; their trees take its trace."""
+        has = adopted >= 0
+        parents[has] = within.span_id[adopted[has]]
+        top = adopted[tree.roots_of(parent)]
+        under = top >= 0
+        if not under.any():
+            return
+        used = np.flatnonzero(np.bincount(top[under], minlength=len(within.span_id)))
+        lut = np.zeros(len(within.span_id), np.int32)
+        lut[used] = [self._given(within.trace_id[k].tobytes()) for k in used.tolist()]
+        trace[under] = lut[top[under]]
+
+    def _given(self, raw: bytes) -> int:
+        """The index of a trace id given as it is (a run span's), not derived from a key."""
+        key = ("given", raw)
+        if key not in self._trace_index:
+            self._trace_index[key] = len(self._traces)
+            self._traces.append(raw)
+        return self._trace_index[key]
+
     def _constants(self, f: Pending, prefix: str) -> dict[str, str]:
         facts = f.facts
-        res = dict(facts.resource)
+        res, host = dict(facts.resource), facts.host
+        if self.within is not None:
+            res, host = self.within.identity(res)
         if self.offsets.get(f.no):
             res["chiptrace.clock_offset_ns"] = self.offsets[f.no]
         service = res.get("service.name", "trace")
@@ -214,7 +257,7 @@ class Assembler:
             res["service.name"] = service
         return {
             "service": str(service),
-            "host": str(facts.host or prefix.rstrip("/") or "localhost"),
+            "host": str(host or prefix.rstrip("/") or "localhost"),
             "scope": facts.format,
             "resource": dumps(res),
         }

@@ -11,6 +11,7 @@ from chiptrace.importers import ImportSummary
 from chiptrace.importers.assemble import Assembler, Pending
 from chiptrace.importers.plan import FileFacts
 from chiptrace.importers.pool import Pool, worker_count
+from chiptrace.importers.within import Within
 from chiptrace.importers.writer import Staging
 
 TRACE_EVENT_FORMATS = ("kineto", "chrome")
@@ -47,12 +48,15 @@ def run_import(
     seed: bytes,
     progress: Callable[[int, int], None] | None,
     workers: int | None = None,
+    within: Within | None = None,
 ) -> ImportSummary:
-    manifest = {
+    manifest: dict[str, Any] = {
         "source": "import",
         "service": "import",
         "import": {"files": [str(f) for f in files], "formats": formats, "align": align},
     }
+    if within is not None:
+        manifest.update(service=within.service, **within.manifest)
     staging = Staging(out, manifest)
     sizes = [os.path.getsize(f) for f in files]
     total_bytes = sum(sizes)
@@ -78,12 +82,12 @@ def run_import(
                 progress(done_bytes, total_bytes)
         if pool is not None:
             pool.close()  # the workers' memory goes before the second pass
-        asm = Assembler(staging, seed, align)
+        asm = Assembler(staging, seed, align, within)
         asm.finish(pending)
         summary = _summary(out, facts, pending, asm.offsets, n_workers)
         staging.commit(
             spans_skipped=summary.skipped,
-            run_id=seed[:8].hex(),
+            run_id=within.run_id if within is not None and within.run_id else seed[:8].hex(),
             import_summary={"files": summary.files, "offsets_ns": summary.offsets_ns},
         )
         return summary
