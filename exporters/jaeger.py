@@ -19,8 +19,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from chiptrace import _attributes as A
 from chiptrace.errors import ChiptraceError
-from chiptrace.exporters import attributes as A
 from chiptrace.exporters.source import SpanSource
 from chiptrace.exporters.textfile import TextSeries, write_series
 

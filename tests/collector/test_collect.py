@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 import chiptrace
-from chiptrace._otel import span_attributes
+from chiptrace._attributes import attributes as span_attributes
 from chiptrace.collector.receiver import OtlpReceiver
 from chiptrace.collector.service import CollectOptions, CollectSummary
 from chiptrace.collector.service import Collector as CollectService
