@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from chiptrace import _macros
 from chiptrace.errors import QueryError, StoreError
-from chiptrace.schema import COLUMNS, SPAN_SCHEMA
+from chiptrace.schema import COLUMNS, METRIC_COLUMNS, METRICS_SCHEMA, METRICS_TABLE, SPAN_SCHEMA
 from chiptrace.store import (
     expand_dirs,
     good_parts,
@@ -183,8 +183,6 @@ def attach_views(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> None:
 
 def attach_metrics(con: duckdb.DuckDBPyConnection, dirs: list[Path]) -> None:
     """(Re)create the `metrics` view over DIR/metrics parts; empty, with its columns, if none."""
-    from chiptrace.host.metrics import METRIC_COLUMNS, METRICS_SCHEMA, METRICS_TABLE
-
     # A part file given directly is a span part; metrics come from whole trace dirs only.
     parts, bad = good_parts([d for d in dirs if d.is_dir()], METRICS_TABLE, METRICS_SCHEMA)
     for path, reason in bad:
