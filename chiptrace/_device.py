@@ -193,14 +193,14 @@ def wrap_function(fn: Callable[..., R], name: str, tags: Tags, kind: int) -> Cal
     return wrapper
 
 
-@functools.lru_cache(maxsize=1)
-def span_class() -> type:
-    """The class a `chiptrace.span(...)` takes when device time applies (made on first use:
-    it subclasses chiptrace.api.span, which imports this module). No slots of its own, so
-    the span can take it in place: its context token holds the device mark beside it."""
-    from chiptrace.api import span
+@functools.lru_cache(maxsize=4)
+def span_class(span: type[Any]) -> type[Any]:
+    """The class a `chiptrace.span(...)` takes when device time applies: a subclass of
+    `span`, chiptrace.api.span (passed in: api imports this module), made on first use. No
+    slots of its own, so the span can take it in place: its context token holds the device
+    mark beside it."""
 
-    class DeviceSpan(span):
+    class DeviceSpan(span):  # type: ignore[misc]  # a base only known at run time
         __slots__ = ()
 
         def __enter__(self) -> Span:

@@ -26,8 +26,8 @@ from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation import _SPAN_KEY
 
 from chiptrace import config as _config
+from chiptrace._traceparent import remote_parent_from_env
 from chiptrace.errors import ConfigError
-from chiptrace.propagation import remote_parent_from_env
 from chiptrace.recorder import Recorder
 from chiptrace.schema import (
     SPAN_KIND_CLIENT,

@@ -323,7 +323,7 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         self._span: Span | None = None
         self._token: Any = None
         if (device_time or _device.DEFAULT) and _device.wanted(device_time, self._tags, name):
-            self.__class__ = _device.span_class()  # GPU-timed enter and exit (_device.py)
+            self.__class__ = _device.span_class(span)  # GPU-timed enter and exit (_device.py)
 
     def __enter__(self) -> Span:
         s, self._token = _open(self._name, self._tags, self._kind)

@@ -22,6 +22,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from chiptrace.collector._pbwire import WireError, fields, scan_span, span_header
+from chiptrace.collector.anyvalue import decode_any_value, key_values
 from chiptrace.schema import ATTRIBUTE_COLUMNS, CHIP_TYPES, chip_type_of, dumps
 
 _HAS_CORE = object()  # a span tail holding ids, name, kind or times: not the fast shape
@@ -56,12 +57,6 @@ SPAN_COLUMNS = (
     "links",
     *TYPED_COLUMNS,
 )
-
-
-def _any(value: Any) -> Any:
-    from chiptrace.collector.decode import decode_any_value
-
-    return decode_any_value(value)
 
 
 def _fits(col: str, value: Any) -> bool:
@@ -132,7 +127,7 @@ class SpanReader:
 
     def _key_value(self, raw: bytes) -> tuple[int | None, str, Any]:
         kv = KeyValue.FromString(raw)
-        value = _any(kv.value)
+        value = decode_any_value(kv.value)
         col = ATTRIBUTE_COLUMNS.get(kv.key)
         hit = (_COL_INDEX[col] if col is not None and _fits(col, value) else None, kv.key, value)
         return self._caches.put(self._kv, raw, hit, len(raw))
@@ -342,8 +337,6 @@ class SpanReader:
 
 
 def _events(raws: list[bytes]) -> str:
-    from chiptrace.collector.decode import key_values
-
     out = []
     for raw in raws:
         e = Span.Event.FromString(raw)
@@ -354,8 +347,6 @@ def _events(raws: list[bytes]) -> str:
 
 
 def _links(raws: list[bytes]) -> str:
-    from chiptrace.collector.decode import key_values
-
     out = []
     for raw in raws:
         lk = Span.Link.FromString(raw)
@@ -370,8 +361,6 @@ def _links(raws: list[bytes]) -> str:
 
 
 def _resource(resource: Any) -> tuple[str, str | None, int | None, str]:
-    from chiptrace.collector.decode import key_values
-
     attrs = key_values(resource.attributes)
     pid = attrs.get("process.pid")
     host = attrs.get("host.name")

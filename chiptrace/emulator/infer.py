@@ -21,6 +21,7 @@ import numpy as np
 from chiptrace.emulator.context import Context
 from chiptrace.emulator.efficiency import Efficiency, check_mode
 from chiptrace.emulator.errors import WorkloadError
+from chiptrace.emulator.infer_spans import emit_batch
 from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
 from chiptrace.emulator.scheduler import assign
 from chiptrace.schema import PRECISIONS
@@ -209,8 +210,6 @@ class Inference:
 
     def run_batch(self, i: int, close: float, batch: list[tuple[float, int, int]]) -> float:
         """Place and emit a formed batch i; returns when it finishes (virtual ns)."""
-        from chiptrace.emulator.infer_spans import emit_batch
-
         device, start = self.place(i, close, batch)
         end = emit_batch(self, device, batch, start)
         self.free[device] = end

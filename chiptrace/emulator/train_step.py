@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chiptrace.emulator import collectives
+from chiptrace.emulator.layered import Layered
 from chiptrace.emulator.model import BYTES, op_ns, resolve_precision
 from chiptrace.emulator.network import Route
 from chiptrace.emulator.scheduler import assign
@@ -216,8 +217,6 @@ def _layered(
 ) -> tuple[float, int]:
     """FSDP or MoE (layered.py): forward and backward with their in-layer collectives,
     then the gradients' reduce-scatters (FSDP) or the attention blocks' all-reduce (MoE)."""
-    from chiptrace.emulator.layered import Layered
-
     run = Layered(tr, layer_work(tr.cfg, tr.precision, tr.eff.ideal), trace, ph)
     delay = np.array([tr.ctx.delay.get(g, 0.0) for g in tr.gpus])
     in_trace, h2d_ids = h2d
