@@ -19,6 +19,7 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -68,8 +69,8 @@ _RUN_FIELDS = ("run_id", "service", "source", "host", "writer_id", "trace_dir")
 _RUN_INTS = ("pid", "started_unix_ns", "spans_written", "spans_dropped", "parts_written")
 
 
-def _runs_table(manifests: list[dict]) -> pa.Table:
-    cols: dict[str, list] = {f: [] for f in (*_RUN_FIELDS, *_RUN_INTS, "manifest")}
+def _runs_table(manifests: list[dict[str, Any]]) -> pa.Table:
+    cols: dict[str, list[Any]] = {f: [] for f in (*_RUN_FIELDS, *_RUN_INTS, "manifest")}
     for m in manifests:
         for f in _RUN_FIELDS:
             cols[f].append(None if m.get(f) is None else str(m.get(f)))

@@ -304,7 +304,7 @@ def _as_column(name: str, values: Any, n: int) -> pa.Array:
         return values.cast(field.type)
     if isinstance(values, (str, int)) or values is None:
         if pa.types.is_dictionary(field.type):
-            return constant_dict(values, n)
+            return constant_dict(None if values is None else str(values), n)
         return pa.array(np.full(n, values) if values is not None else [None] * n, field.type)
     return pa.array(values, field.type)  # dictionary types too: one pass, no string array
 

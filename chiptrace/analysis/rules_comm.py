@@ -34,13 +34,11 @@ def latency_bound(x: RuleInput) -> list[Finding]:
         med_bytes = statistics.median(r["median_bytes"] or 0 for r in rows)
         med_ns = statistics.median(r["median_ns"] or 0 for r in rows)
         lat = [
-            t.topology.links[r["link_id"]].latency_ns
+            lk.latency_ns
             for r in rows
-            if r["link_id"] in t.topology.links and t.topology.links[r["link_id"]].latency_ns
+            if (lk := t.topology.links.get(r["link_id"])) is not None and lk.latency_ns
         ]
-        bws = [
-            t.topology.bandwidth(r["link_id"]) for r in rows if t.topology.bandwidth(r["link_id"])
-        ]
+        bws = [bw for r in rows if (bw := t.topology.bandwidth(r["link_id"]))]
         if lat and bws:
             wire = statistics.median(lat) + med_bytes / statistics.median(bws) * 1e9
             frac = statistics.median(lat) / wire if wire else 0.0

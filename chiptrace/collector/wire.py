@@ -271,8 +271,8 @@ class SpanReader:
 
     def _attributes(self, raws: tuple[bytes, ...]) -> tuple[tuple[Any, ...], str | None]:
         """(typed column values in TYPED_COLUMNS order, JSON of the rest) of one span."""
-        typed = list(_NO_TYPED)
-        rest = None
+        typed: list[Any] = list(_NO_TYPED)
+        rest: dict[str, Any] | None = None
         get = self._kv.get
         for raw in raws:
             idx, key, value = get(raw) or self._key_value(raw)

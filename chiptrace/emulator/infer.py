@@ -92,7 +92,8 @@ class Inference:
         default = ctx.precision
         self.prefill = cfg.prefill_precision or ("fp8" if default == "bf16" else default)
         self.decode = cfg.decode_precision or ("nvfp4" if default == "bf16" else default)
-        self.nic = (topo.of_type("nic") or topo.of_type("cpu") or [None])[0]
+        ends = topo.of_type("nic") or topo.of_type("cpu")  # where requests come in
+        self.nic = ends[0] if ends else None
         for d in self.devices:
             chip = topo.chips[d]
             weights = cfg.params * max(
@@ -149,7 +150,8 @@ class Inference:
         deadline = self.queue[0][0] + self.cfg.max_wait_ms * 1e6
         limit = max(deadline, self.ready())
         self._arrivals_until(limit)
-        batch, tokens = [], 0
+        batch: list[tuple[float, int, int]] = []
+        tokens = 0
         while self.queue and self.queue[0][0] <= limit:
             if batch and tokens + self.queue[0][1] > self.cfg.token_budget:
                 return batch[-1][0], batch  # the budget filled when the last one arrived

@@ -129,10 +129,11 @@ class Training:
             )
         self.memory_per_gpu = need
         net = ctx.network
-        self.host: dict[str, str | None] = (
+        # Each GPU's host: its nearest CPU (none without CPUs; the CPU paths require them).
+        self.host: dict[str, str] = (
             balanced(self.gpus, lambda g: net.nearest(g, self.cpus), self.cpus[0])
             if self.cpus
-            else dict.fromkeys(self.gpus)
+            else {}
         )
         # Static placement feeds each GPU from its nearest DPU (the one on its own host),
         # equally near ones dealt round robin.

@@ -73,8 +73,10 @@ def run_step(tr: Training, s: int, t0: float) -> float:
 
     # Prefetched input runs during the previous step: it sits in that step's trace, under
     # its root (no child starts before its parent), linked to the step it feeds.
-    prefetched = tr.cfg.prefetch and tr.prev_trace is not None
-    in_trace = tr.prev_trace if prefetched else trace
+    in_trace = trace
+    if tr.cfg.prefetch and tr.prev_trace is not None:
+        in_trace = tr.prev_trace
+    prefetched = in_trace != trace
     ready, h2d_ids = _input(tr, s, t0, in_trace, ph["input"], bounds)
     if tr.cfg.sharding == "fsdp" or tr.cfg.moe:
         ar_end, last_bucket = _layered(tr, t0, ready, (in_trace, h2d_ids), trace, ph, bounds)

@@ -52,7 +52,7 @@ def _span(path: Path, sp: dict[str, Any], processes: dict[str, Any]) -> dict[str
             parent = rid
         else:
             links.append({"trace_id": rtrace.hex(), "span_id": rid.hex(), "attributes": {}})
-    proc = processes.get(sp.get("processID")) or sp.get("process") or {}
+    proc = processes.get(sp.get("processID") or "") or sp.get("process") or {}
     res = {"service.name": proc.get("serviceName", "jaeger"), **_tags(proc.get("tags"))}
     status = attrs.pop("otel.status_code", None)
     code = (
