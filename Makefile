@@ -5,8 +5,12 @@ test:
 	python3 -m pytest -q
 test-load:
 	CHIPTRACE_LOAD_TESTS=1 python3 -m pytest -q -m load
+# Style, types, then the layer contracts (docs/architecture.md). mypy and import-linter run on
+# build/mapped, a link tree of the package as installed (exporters/ and viewer/ inside it).
 lint:
 	ruff check . && ruff format --check .
+	python3 .ci/mapped.py mypy
+	python3 .ci/mapped.py contracts
 bench:
 	for b in benchmarks/bench_*.py; do python3 $$b || exit 1; done
 demo:

@@ -20,13 +20,16 @@ import functools
 import importlib
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from chiptrace import config as _config
 from chiptrace._span import _STATE, Span, _close, _open, _randbits, _reset_context, _time_ns
 from chiptrace.errors import ConfigError
 from chiptrace.recorder import Recorder
 from chiptrace.schema import Tags
+
+if TYPE_CHECKING:
+    from chiptrace.api import span as ApiSpan
 
 R = TypeVar("R")
 log = logging.getLogger("chiptrace")
@@ -194,14 +197,20 @@ def wrap_function(fn: Callable[..., R], name: str, tags: Tags, kind: int) -> Cal
 
 
 @functools.lru_cache(maxsize=1)
-def span_class() -> type:
-    """The class a `chiptrace.span(...)` takes when device time applies (made on first use:
-    it subclasses chiptrace.api.span, which imports this module). No slots of its own, so
-    the span can take it in place: its context token holds the device mark beside it."""
-    from chiptrace.api import span
+def span_class(base: type[ApiSpan]) -> type[ApiSpan]:
+    """The class a `chiptrace.span(...)` takes when device time applies: a subclass of
+    `base`, chiptrace.api.span (passed in: api imports this module), made on first use. No
+    slots of its own, so the span can take it in place: its context token holds the device
+    mark beside it."""
 
-    class DeviceSpan(span):
+    if TYPE_CHECKING:  # what `base` is; mypy takes no class from a variable
+        Base: TypeAlias = ApiSpan
+    else:
+        Base = base
+
+    class DeviceSpan(Base):
         __slots__ = ()
+        _token: Any  # the base's slot, here (context token, device mark) while open
 
         def __enter__(self) -> Span:
             s = super().__enter__()

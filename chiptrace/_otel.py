@@ -92,20 +92,15 @@ class ExporterSink:
         self.exporter.shutdown()
 
 
-def otlp_sink(config: Config) -> Any:
-    """The live OTLP sink for `init(otlp_endpoint=...)`.
+def sdk_otlp_sink(config: Config) -> ExporterSink:
+    """The OpenTelemetry SDK's OTLP/HTTP exporter as a sink for `init(otlp_endpoint=...)`.
 
-    Prefers chiptrace's columnar OTLP encoder; falls back to the SDK's OTLP/HTTP exporter.
-    Imported lazily so the core never imports the exporters package at import time.
+    The fallback: chiptrace/__init__.py registers chiptrace's columnar OTLP encoder
+    (lifecycle.EXTENSIONS), which the core does not import.
     """
-    try:
-        from chiptrace.exporters.otlp import OtlpSink  # type: ignore[import-not-found]
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        return OtlpSink(config.otlp_endpoint)
-    except ImportError:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        endpoint = config.otlp_endpoint.rstrip("/")
-        if not endpoint.endswith("/v1/traces"):
-            endpoint += "/v1/traces"
-        return ExporterSink(OTLPSpanExporter(endpoint=endpoint), config)
+    endpoint = (config.otlp_endpoint or "").rstrip("/")
+    if not endpoint.endswith("/v1/traces"):
+        endpoint += "/v1/traces"
+    return ExporterSink(OTLPSpanExporter(endpoint=endpoint), config)

@@ -26,8 +26,8 @@ from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation import _SPAN_KEY
 
 from chiptrace import config as _config
+from chiptrace._traceparent import remote_parent_from_env
 from chiptrace.errors import ConfigError
-from chiptrace.propagation import remote_parent_from_env
 from chiptrace.recorder import Recorder
 from chiptrace.schema import (
     SPAN_KIND_CLIENT,
@@ -49,6 +49,9 @@ os.register_at_fork(after_in_child=_rng.seed)
 
 _runtime = otel_context._RUNTIME_CONTEXT
 _var: ContextVar[Context] | None = getattr(_runtime, "_current_context", None)
+_get_context: Callable[[], Context]
+_set_context: Callable[[Context], Any]  # returns a token for _reset_context
+_reset_context: Callable[[Any], None]
 if isinstance(_var, ContextVar):
     _get_context, _set_context, _reset_context = _var.get, _var.set, _var.reset
 else:  # a custom OTEL_PYTHON_CONTEXT runtime: go through its public surface
@@ -103,6 +106,7 @@ class Span(otel_trace.Span):
     # Only what every span needs is set per call; the rest reads the class defaults
     # below until first written (each assignment saved is ~0.02 us on the hot path).
     __slots__ = ("trace_id", "span_id", "parent_id", "name", "kind", "tags", "start_ns", "end_ns")
+    start_ns: int  # set by whoever opens the span, right after construction
 
     attributes: dict[str, Any] | None = None
     events: list[tuple[str, int, Any]] | None = None
@@ -230,7 +234,7 @@ def _ended(span: Span, what: str) -> None:
 
 def _open(name: str, tags: Tags, kind: int) -> tuple[Span, Any]:
     ctx = _get_context()
-    parent = ctx.get(_SPAN_KEY)
+    parent: Any = ctx.get(_SPAN_KEY)  # ours, None, or any OpenTelemetry span
     if parent.__class__ is Span:
         trace_id, parent_id = parent.trace_id, parent.span_id
     elif parent is None:

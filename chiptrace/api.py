@@ -70,7 +70,7 @@ def _make_tags(
 
 
 def _kind(kind: otel_trace.SpanKind | int) -> int:
-    return _KINDS.get(kind, kind) if isinstance(kind, otel_trace.SpanKind) else int(kind)
+    return _KINDS[kind] if isinstance(kind, otel_trace.SpanKind) else int(kind)
 
 
 @overload
@@ -131,7 +131,7 @@ def trace(
 
     def decorate(f: Callable[P, R]) -> Callable[P, R]:
         if isinstance(f, (staticmethod, classmethod)):
-            return type(f)(decorate(f.__func__))  # type: ignore[return-value]
+            return type(f)(decorate(f.__func__))
         _check_decoratable(f)
         if not _STATE.enabled:
             return f  # CHIPTRACE_ENABLED=0 at import: zero cost, the function untouched
@@ -323,7 +323,7 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         self._span: Span | None = None
         self._token: Any = None
         if (device_time or _device.DEFAULT) and _device.wanted(device_time, self._tags, name):
-            self.__class__ = _device.span_class()  # GPU-timed enter and exit (_device.py)
+            self.__class__ = _device.span_class(span)  # GPU-timed enter and exit (_device.py)
 
     def __enter__(self) -> Span:
         s, self._token = _open(self._name, self._tags, self._kind)

@@ -1,5 +1,10 @@
 """Process lifecycle: `init()`, `flush()`, `shutdown()`, the zero-configuration start,
-fork safety, and the host sampler beside the recorder."""
+fork safety, and the host sampler beside the recorder.
+
+The OTLP sink and the host sampler live in upper layers (chiptrace.exporters,
+chiptrace.host) that the core must not import: their factories come in through
+EXTENSIONS, which chiptrace/__init__.py fills before any of this can run.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,39 @@ import logging
 import multiprocessing.util
 import os
 import threading
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from chiptrace import config as _config
 from chiptrace._span import _STATE
+from chiptrace.errors import ConfigError
 from chiptrace.recorder import Recorder, SpanSink, StoreSink, cancel_exit, on_exit
 from chiptrace.store import PartWriter
+
+
+class Sampler(Protocol):
+    """A started host sampler: it samples on its own thread until stopped."""
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class Extensions:
+    """Factories for what init() starts but the core may not import (see the module doc).
+
+    Attributes:
+        otlp_sink: the sink for `init(otlp_endpoint=...)`; unset, the OpenTelemetry SDK's
+            OTLP/HTTP exporter is used.
+        host_sampler: starts the sampler for `init(sample_host=True)`, given the config
+            and the interval in seconds.
+    """
+
+    otlp_sink: Callable[[_config.Config], SpanSink] | None = None
+    host_sampler: Callable[[_config.Config, float], Sampler] | None = None
+
+
+EXTENSIONS = Extensions()
 
 
 def init(
@@ -92,7 +123,7 @@ def _build_recorder(
     sinks: Iterable[SpanSink],
     manifest: Mapping[str, Any] | None,
 ) -> Recorder:
-    from chiptrace._otel import ExporterSink, otlp_sink
+    from chiptrace._otel import ExporterSink, sdk_otlp_sink  # the OTel SDK: only when asked
 
     writer = PartWriter(
         cfg.dir,
@@ -106,7 +137,7 @@ def _build_recorder(
     all_sinks: list[SpanSink] = [StoreSink(writer), *sinks]
     all_sinks += [ExporterSink(e, cfg) for e in exporters]
     if cfg.otlp_endpoint:
-        all_sinks.append(otlp_sink(cfg))
+        all_sinks.append((EXTENSIONS.otlp_sink or sdk_otlp_sink)(cfg))
     rec = Recorder(cfg, all_sinks, writer)
     on_exit(rec.shutdown)
     # multiprocessing children leave through os._exit, skipping atexit; its finalizers run.
@@ -177,13 +208,11 @@ def _auto_init() -> Recorder | None:
             return None
 
 
-def _start_sampler(cfg: _config.Config, interval: float) -> Any:
+def _start_sampler(cfg: _config.Config, interval: float) -> Sampler:
     """The host sampler beside the recorder: same dir, run and host."""
-    from chiptrace.host.sampler import HostSampler  # psutil and NVML load only when asked for
-
-    sampler = HostSampler(
-        cfg.dir, interval=interval, run_id=cfg.run_id, service=cfg.service, host=cfg.host
-    ).start()
+    if EXTENSIONS.host_sampler is None:
+        raise ConfigError("sample_host: no host sampler is registered (chiptrace.host)")
+    sampler = EXTENSIONS.host_sampler(cfg, interval)
     on_exit(sampler.stop)
     # Child processes inherit the environment: they see a sampler already runs on this host.
     os.environ.setdefault(_config.ENV_SAMPLER_PID, str(os.getpid()))

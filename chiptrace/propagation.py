@@ -19,19 +19,17 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace as otel_trace
 from opentelemetry.propagate import get_global_textmap
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from chiptrace import api
 from chiptrace import config as _config
+from chiptrace._traceparent import ENV_TRACEPARENT, ENV_TRACESTATE, remote_parent_from_env
+from chiptrace._traceparent import W3C as _W3C
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-ENV_TRACEPARENT = "TRACEPARENT"
-ENV_TRACESTATE = "TRACESTATE"
 _DIR_KEY = "chiptrace-dir"
-_W3C = TraceContextTextMapPropagator()
 
 
 def inject(carrier: dict[str, str] | None = None) -> dict[str, str]:
@@ -57,25 +55,8 @@ def attach(carrier: Mapping[str, str]) -> Iterator[None]:
         otel_context.detach(token)
 
 
-def remote_parent_from_env(env: Mapping[str, str] | None = None) -> tuple[bytes, int] | None:
-    """(trace id, span id) from TRACEPARENT, or None when absent or malformed."""
-    env = os.environ if env is None else env
-    raw = env.get(ENV_TRACEPARENT)
-    if not raw:
-        return None
-    carrier = {"traceparent": raw}
-    if env.get(ENV_TRACESTATE):
-        carrier["tracestate"] = env[ENV_TRACESTATE]
-    sc = otel_trace.get_current_span(_W3C.extract(carrier)).get_span_context()
-    if not sc.is_valid:
-        return None
-    return sc.trace_id.to_bytes(16, "big"), sc.span_id
-
-
 def _trace_dir() -> str | None:
-    from chiptrace.api import get_recorder
-
-    rec = get_recorder()
+    rec = api.get_recorder()
     return str(rec.config.dir.resolve()) if rec is not None else os.environ.get(_config.ENV_DIR)
 
 
@@ -112,8 +93,6 @@ class in_context(Generic[P, R]):  # noqa: N801 - used like a function
         self.pid = os.getpid()
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        from chiptrace import api
-
         other_process = os.getpid() != self.pid
         if other_process and api.get_recorder() is None and _DIR_KEY in self.carrier:
             api.init(self.carrier[_DIR_KEY])
@@ -136,3 +115,16 @@ def carrier_env(carrier: Mapping[str, Any]) -> dict[str, str]:
     if "tracestate" in carrier:
         out[ENV_TRACESTATE] = str(carrier["tracestate"])
     return out
+
+
+__all__ = [
+    "ENV_TRACEPARENT",
+    "ENV_TRACESTATE",
+    "attach",
+    "carrier_env",
+    "extract",
+    "in_context",
+    "inject",
+    "remote_parent_from_env",
+    "subprocess_env",
+]

@@ -19,13 +19,14 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from chiptrace import _macros
 from chiptrace.errors import QueryError, StoreError
-from chiptrace.schema import COLUMNS, SPAN_SCHEMA
+from chiptrace.schema import COLUMNS, METRIC_COLUMNS, METRICS_SCHEMA, METRICS_TABLE, SPAN_SCHEMA
 from chiptrace.store import (
     expand_dirs,
     good_parts,
@@ -68,8 +69,8 @@ _RUN_FIELDS = ("run_id", "service", "source", "host", "writer_id", "trace_dir")
 _RUN_INTS = ("pid", "started_unix_ns", "spans_written", "spans_dropped", "parts_written")
 
 
-def _runs_table(manifests: list[dict]) -> pa.Table:
-    cols: dict[str, list] = {f: [] for f in (*_RUN_FIELDS, *_RUN_INTS, "manifest")}
+def _runs_table(manifests: list[dict[str, Any]]) -> pa.Table:
+    cols: dict[str, list[Any]] = {f: [] for f in (*_RUN_FIELDS, *_RUN_INTS, "manifest")}
     for m in manifests:
         for f in _RUN_FIELDS:
             cols[f].append(None if m.get(f) is None else str(m.get(f)))
@@ -183,8 +184,6 @@ def attach_views(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> None:
 
 def attach_metrics(con: duckdb.DuckDBPyConnection, dirs: list[Path]) -> None:
     """(Re)create the `metrics` view over DIR/metrics parts; empty, with its columns, if none."""
-    from chiptrace.host.metrics import METRIC_COLUMNS, METRICS_SCHEMA, METRICS_TABLE
-
     # A part file given directly is a span part; metrics come from whole trace dirs only.
     parts, bad = good_parts([d for d in dirs if d.is_dir()], METRICS_TABLE, METRICS_SCHEMA)
     for path, reason in bad:

@@ -227,6 +227,8 @@ class Recorder:
                 self._failing.discard(i)
 
     def _update_manifest(self) -> None:
+        if self.writer is None:
+            return
         dropped = self.dropped
         try:
             self.writer.write_manifest(

@@ -304,7 +304,7 @@ def _as_column(name: str, values: Any, n: int) -> pa.Array:
         return values.cast(field.type)
     if isinstance(values, (str, int)) or values is None:
         if pa.types.is_dictionary(field.type):
-            return constant_dict(values, n)
+            return constant_dict(None if values is None else str(values), n)
         return pa.array(np.full(n, values) if values is not None else [None] * n, field.type)
     return pa.array(values, field.type)  # dictionary types too: one pass, no string array
 
@@ -346,3 +346,42 @@ def batch_from_columns(columns: Mapping[str, Any], n: int | None = None) -> pa.R
 def empty_batch() -> pa.RecordBatch:
     """A span batch with no rows, for readers that must return the schema anyway."""
     return pa.RecordBatch.from_pylist([], schema=SPAN_SCHEMA)
+
+
+# Host metrics (chiptrace.host): samples in long format, one row per (time, chip, metric),
+# in DIR/metrics beside the spans; docs/host.md names every metric. Strings are plain, not
+# dictionaries: dictionary-encoding a few hundred rows in Arrow costs ~1 ms a column, ten
+# times the sampling itself, and Parquet dictionary-encodes them on disk anyway.
+METRICS_TABLE = "metrics"
+METRICS_SCHEMA_VERSION = 1
+METRICS_SCHEMA_VERSION_KEY = b"chiptrace.metrics_schema_version"
+
+SOURCE_REAL = "real"
+SOURCE_EMULATED = "emulated"
+
+METRICS_SCHEMA = pa.schema(
+    [
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("host", pa.string(), nullable=False),
+        pa.field("chip_id", pa.string()),
+        pa.field("chip_type", pa.string()),
+        pa.field("device", pa.string()),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("unit", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("run_id", pa.string()),
+        pa.field("pid", pa.int32()),
+    ],
+    metadata={METRICS_SCHEMA_VERSION_KEY: str(METRICS_SCHEMA_VERSION).encode()},
+)
+METRIC_COLUMNS = tuple(METRICS_SCHEMA.names)
+
+# Samples repeat hosts, chips and metric names and carry increasing times.
+METRICS_WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 3,
+    "use_dictionary": [c for c in METRIC_COLUMNS if c not in ("ts_ns", "value", "pid")],
+    "column_encoding": {"ts_ns": "DELTA_BINARY_PACKED"},
+    "write_statistics": ["ts_ns", "chip_id", "chip_type", "metric"],
+}

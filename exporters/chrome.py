@@ -188,7 +188,9 @@ class _Writer:
             "JOIN chiptrace_tracks t USING (h, track) "
             "ORDER BY t.rank, s.start_ns, s.end_ns DESC, s.span_id"
         )
-        rank, lanes, tids, tid = -1, [], {}, 0
+        lanes: list[list[int]] = []
+        tids: dict[int, int] = {}
+        rank, tid = -1, 0
         placed: list[pa.Table] = []
         for batch in self.source.stream(sql):
             events: list[dict[str, Any]] = []

@@ -99,11 +99,13 @@ class TextSeries:
         return self.limit is not None and self.size + coming > self.limit
 
     def close_file(self) -> None:
-        if self.fh is not None and self.fh is not sys.stdout:
-            self.fh.close()
-        elif self.fh is sys.stdout:
-            sys.stdout.flush()
-        self.fh = None
+        fh, self.fh = self.fh, None
+        if fh is None:
+            return
+        if fh is sys.stdout:
+            fh.flush()
+        else:
+            fh.close()
 
     def names(self) -> list[Path]:
         """The files this series becomes: NAME.json alone, else NAME-001.json, ..."""

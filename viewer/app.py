@@ -24,7 +24,7 @@ from chiptrace.errors import ChiptraceError
 from chiptrace.viewer.alerts import Alert, derive_alerts, from_findings, merge
 from chiptrace.viewer.model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
 from chiptrace.viewer.queries import LiveStore
-from chiptrace.viewer.sources import SpanFeed
+from chiptrace.viewer.sources import Source, SpanFeed
 from chiptrace.viewer.widgets.dashboard import Dashboard
 from chiptrace.viewer.widgets.explorer import Explorer
 from chiptrace.viewer.widgets.help_screen import HelpScreen
@@ -73,7 +73,7 @@ class ViewerApp(App[None]):
 
     def __init__(
         self,
-        sources: Sequence[object] = (),
+        sources: Sequence[Source] = (),
         feed: SpanFeed | None = None,
         *,
         bucket_ns: int = DEFAULT_BUCKET_NS,
@@ -97,9 +97,9 @@ class ViewerApp(App[None]):
         self._analysis_running = False
         self._analysis_next = 0.0
         self._sources_ended = False  # set by the ingest worker, read by the refresh
-        store_dir = next((s.store_dir for s in self.sources if getattr(s, "store_dir", None)), None)
+        store_dir = next((s.store_dir for s in self.sources if s.store_dir), None)
         self.store = LiveStore(store_dir) if store_dir else None
-        self.source_name = " + ".join(getattr(s, "name", "feed") for s in self.sources) or "feed"
+        self.source_name = " + ".join(s.name for s in self.sources) or "feed"
         if window_ns:
             steps = [abs(window_ns - bucket_ns * s) for s in ZOOM_STEPS]
             self.set_reactive(ViewerApp.zoom, steps.index(min(steps)))
@@ -147,7 +147,7 @@ class ViewerApp(App[None]):
             self.model.ingest(batch)
             n += batch.num_rows
         self.model.dropped = dropped
-        ended = bool(self.sources) and all(getattr(s, "ended", False) for s in self.sources)
+        ended = bool(self.sources) and all(s.ended for s in self.sources)
         self._sources_ended = ended and not self.feed.pending
         return n
 
@@ -189,14 +189,14 @@ class ViewerApp(App[None]):
         if self._analysis_running or time.monotonic() < self._analysis_next:
             return
         self._analysis_running = True
-        self._analyze(snap.since_ns, snap.until_ns)
+        self._analyze(self.store, snap.since_ns, snap.until_ns)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="analysis")
-    def _analyze(self, since_ns: int, until_ns: int) -> None:
+    def _analyze(self, store: LiveStore, since_ns: int, until_ns: int) -> None:
         """DuckDB over the window: tens of ms to seconds, so never on the UI thread."""
         t = time.monotonic()
         try:
-            found = from_findings(self.store.findings(since_ns, until_ns))
+            found = from_findings(store.findings(since_ns, until_ns))
         except (ChiptraceError, ImportError):
             found = []
         finally:
@@ -220,15 +220,14 @@ class ViewerApp(App[None]):
         self._redraw_status()
 
     def _redraw_status(self) -> None:
-        if self.snapshot is not None and self.is_mounted:
+        if self.snapshot is not None:  # before compose, _main raises NoMatches
             try:
                 self._main(Dashboard).show(self.snapshot, self.alerts, self.source_name, self.state)
             except NoMatches:
                 pass
 
     def watch_zoom(self) -> None:
-        if self.is_mounted:
-            self.refresh_dashboard()
+        self.refresh_dashboard()  # before compose it only takes a snapshot
 
     # ------------------------------------------------------------ actions
 

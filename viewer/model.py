@@ -173,11 +173,13 @@ class LiveModel:
         if not mask.any():
             return
         rows = np.full(len(values), -1, dtype=np.int64)
-        first_type = {}
+        first_type: dict[int, int] = {}  # dictionary code -> its first chip type code
         for c, t in zip(codes[mask], tcodes[mask], strict=True):
             first_type.setdefault(c, t)
         for c, t in first_type.items():
             cid = values[c]
+            if cid is None:  # a null in the dictionary itself: no chip
+                continue
             ctype = tvalues[t] if t >= 0 else cid.rsplit("/", 1)[-1].split(":")[0]
             if ctype in CHIP_TYPES:
                 rows[c] = self.chips.row(cid, type=ctype)

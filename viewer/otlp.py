@@ -42,8 +42,12 @@ class OtlpSource:
         self, host: str = "127.0.0.1", port: int = 4318, out: str | Path | None = None
     ) -> None:
         self.feed = SpanFeed()
-        self._tmp = None if out else tempfile.mkdtemp(prefix="chiptrace-view-")
-        self.store_dir = Path(out or self._tmp)
+        self._tmp: str | None = None  # a temporary store, removed on stop
+        if out:
+            self.store_dir = Path(out)
+        else:
+            self._tmp = tempfile.mkdtemp(prefix="chiptrace-view-")
+            self.store_dir = Path(self._tmp)
         options = CollectOptions(
             out=self.store_dir,
             http=f"{host}:{port}",
@@ -85,6 +89,10 @@ class OtlpSource:
         snap = model.snapshot(window_ns or 1_000_000_000)
         print(summary_text(snap, derive_alerts(snap)))
         return 0
+
+    @property
+    def ended(self) -> bool:
+        return False  # a receiver ends only when stopped
 
     def stop(self) -> CollectSummary:
         """Stop listening, store every acknowledged span, remove a temporary store."""

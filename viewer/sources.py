@@ -72,7 +72,10 @@ class Source(Protocol):
     """A poller the ingest worker calls a few times a second."""
 
     name: str
-    store_dir: Path | None
+
+    @property
+    def store_dir(self) -> Path | None:
+        """Where the source's spans are stored as parts (for SQL and the explorer), if any."""
 
     def poll(self, feed: SpanFeed) -> None:
         """Push whatever is new into `feed` (cheap when nothing changed)."""
@@ -84,7 +87,8 @@ class Source(Protocol):
     def ended(self) -> bool:
         """Whether the source has stopped for good (the viewer then says ENDED, not LIVE)."""
 
-    def stop(self) -> None: ...
+    def stop(self) -> object:
+        """Stop for good; what it returns (a summary) is the caller's to use or not."""
 
 
 def writers_ended(manifests: list[dict[str, Any]]) -> bool:
@@ -162,10 +166,10 @@ class DirSource:
                 for b in t.to_batches(max_chunksize=256_000):
                     feed.write(b)
         else:
-            self._replay(tables, feed)
+            self._replay(tables, feed, self.replay)
         self._writers_ended = done
 
-    def _replay(self, tables: list[pa.Table], feed: SpanFeed) -> None:
+    def _replay(self, tables: list[pa.Table], feed: SpanFeed, speed: float) -> None:
         if tables:
             merged = pa.concat_tables(
                 ([self._pending] if self._pending is not None else []) + tables
@@ -178,7 +182,7 @@ class DirSource:
             self._pending = merged
         if self._pending is None or not self._pending.num_rows:
             return
-        now = self._t0_data + int((time.monotonic() - self._t0_wall) * 1e9 * self.replay)
+        now = self._t0_data + int((time.monotonic() - self._t0_wall) * 1e9 * speed)
         ends = self._pending["end_ns"].to_numpy()
         n = int(ends.searchsorted(now, side="right"))
         if n:

@@ -93,7 +93,11 @@ def step_device(st: Step) -> StepDevice:
             )
         )
     for cw in chips.values():
-        cw.ops = [(a, min(b, end), *rest) for a, b, *rest in cw.ops if min(b, end) > a]
+        cw.ops = [
+            (a, min(b, end), kind, name, ca, cb)
+            for a, b, kind, name, ca, cb in cw.ops
+            if min(b, end) > a
+        ]
         cw.ops.sort()
     return StepDevice(st, st.start_ns, end, dict(chips))
 

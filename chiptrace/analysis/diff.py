@@ -52,9 +52,9 @@ def _finding_rows(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> lis
     rows = []
     for key in list(ka) + [k for k in kb if k not in ka]:
         fa, fb = ka.get(key), kb.get(key)
-        if fa and not fb:
+        if fb is None:
             status = "resolved"
-        elif fb and not fa:
+        elif fa is None:
             status = "new"
         elif _RANK.get(fb["severity"], 9) < _RANK.get(fa["severity"], 9):
             status = "worse"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from chiptrace.analysis.model import CriticalPath
@@ -34,7 +35,7 @@ METRIC_KEYS = (
 )
 
 
-def percentile(values: list[float], q: float) -> float | None:
+def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear-interpolated percentile (q in 0..100) of `values`; None when empty."""
     if not values:
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from chiptrace.analysis.model import CriticalPath, Finding, severity_for
 from chiptrace.analysis.steps import Step
@@ -100,6 +100,14 @@ def robust_z(value: float, values: Iterable[float], floor: float) -> float:
     med = statistics.median(values)
     mad = statistics.median([abs(v - med) for v in values])
     return (value - med) / max(1.4826 * mad, floor, 1e-9)
+
+
+@overload
+def ms(ns: float) -> float: ...
+@overload
+def ms(ns: None) -> None: ...
+@overload
+def ms(ns: float | None) -> float | None: ...
 
 
 def ms(ns: float | None) -> float | None:

@@ -35,9 +35,7 @@ def latency_bound(x: RuleInput) -> list[Finding]:
         med_ns = statistics.median(r["median_ns"] or 0 for r in rows)
         specs = [t.topology.link(r["link_id"]) for r in rows]
         lat = [lk.latency_ns for lk in specs if lk and lk.latency_ns]
-        bws = [
-            t.topology.bandwidth(r["link_id"]) for r in rows if t.topology.bandwidth(r["link_id"])
-        ]
+        bws = [bw for r in rows if (bw := t.topology.bandwidth(r["link_id"]))]
         if lat and bws:
             wire = statistics.median(lat) + med_bytes / statistics.median(bws) * 1e9
             frac = statistics.median(lat) / wire if wire else 0.0

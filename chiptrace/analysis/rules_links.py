@@ -63,15 +63,16 @@ def _slow_candidates(links: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         phys[r["link_id"]].append(r)
     out = {}
     for link_id, dirs in phys.items():
-        factors = [slow.get((d["link_id"], d["link_src"], d["link_dst"])) for d in dirs]
-        if None in factors or min(factors) * SLOW_LINK < 1:  # type: ignore[operator]
+        got = [slow.get((d["link_id"], d["link_src"], d["link_dst"])) for d in dirs]
+        factors = [f for f in got if f is not None]
+        if len(factors) < len(got) or min(factors) * SLOW_LINK < 1:  # a direction not slow
             continue
         achieved = sum(d["bytes"] for d in dirs) / sum(d["busy_ns"] for d in dirs)
         out[link_id] = {
             "type": dirs[0]["link_type"],
             "achieved": achieved,
             "peer": statistics.median(peers[dirs[0]["link_type"]]),
-            "slower": min(factors),  # type: ignore[type-var]
+            "slower": min(factors),
             "busy": sum(d["busy_ns"] for d in dirs),
             "transfers": sum(d["transfers"] for d in dirs),
         }

@@ -340,7 +340,7 @@ def _typed_chips(
     kind = dict(zip(chips["chip_id"].to_pylist(), chips["chip_type"].to_pylist(), strict=True))
 
     def fill(c: str | None, t: str | None) -> str:
-        return kind.get(c) or type_of_chip(c, t)  # type: ignore[arg-type]
+        return kind.get(c) or type_of_chip(c, t)
 
     for wk in workloads:
         wk.step_chips = _fill_types(wk.step_chips, "chip_id", "chip_type", fill)

@@ -159,7 +159,8 @@ def _depths(fams: dict[str, _Family]) -> dict[str, int]:
     up = _up(fams)
     depth: dict[str, int] = {}
     for start in fams:
-        chain, cur = [], start
+        chain: list[str] = []
+        cur: str | None = start
         while cur is not None and cur not in depth and cur not in chain:
             chain.append(cur)
             cur = up[cur]
@@ -273,11 +274,11 @@ def choose_glob(con: Any, where: str, pattern: str, max_workloads: int = MAX_WOR
         fams[family(n)][n] += c
     ranked = sorted(fams.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
     out = []
-    for key, names in ranked[:max_workloads]:
-        name = key if len(names) > 1 else next(iter(names))
-        spans = sum(names.values())
+    for key, members in ranked[:max_workloads]:
+        name = key if len(members) > 1 else next(iter(members))
+        spans = sum(members.values())
         reason = f"--step {pattern!r}: {spans} spans"
-        out.append(StepChoice(name, tuple(sorted(names)), spans, reason, pattern))
+        out.append(StepChoice(name, tuple(sorted(members)), spans, reason, pattern))
     return out
 
 

@@ -25,6 +25,7 @@ import pyarrow as pa
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from chiptrace.collector.anyvalue import decode_any_value as decode_any_value  # its old home
 from chiptrace.collector.wire import SpanReader, WireError
 from chiptrace.errors import ChiptraceError
 from chiptrace.schema import batch_from_columns, empty_batch, trace_ids_to_binary
@@ -58,25 +59,6 @@ class Decoded:
     def message(self) -> str:
         """The partial-success error message, or "" when there is nothing to say."""
         return "; ".join(m for m in (self.reason, self.note) if m)
-
-
-def decode_any_value(value: Any) -> Any:
-    """The Python value of an opentelemetry-proto `AnyValue` (None when unset)."""
-    which = value.WhichOneof("value")
-    if which is None:
-        return None
-    if which == "array_value":
-        return [decode_any_value(v) for v in value.array_value.values]
-    if which == "kvlist_value":
-        return {kv.key: decode_any_value(kv.value) for kv in value.kvlist_value.values}
-    if which == "bytes_value":
-        return base64.b64encode(value.bytes_value).decode()  # JSON has no bytes
-    return getattr(value, which)
-
-
-def key_values(kvs: Any) -> dict[str, Any]:
-    """A repeated KeyValue field as a dict."""
-    return {kv.key: decode_any_value(kv.value) for kv in kvs}
 
 
 def _hex_to_b64(obj: dict[str, Any], *keys: str) -> None:

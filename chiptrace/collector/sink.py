@@ -159,17 +159,17 @@ class PartitionedStoreSink:
             self.writer.write(table)
         else:
             failed: list[pa.Table] = []
-            error: BaseException | None = None
+            errors: list[Exception] = []
             for path, rows in partition_groups(table, self.partition_by).items():
                 part = table.take(pa.array(rows))
                 try:
                     self.writer.write(part, partition=path)
                 except Exception as e:  # noqa: BLE001 - one partition must not cost the others
                     failed.append(part)
-                    error = error or e
+                    errors.append(e)
             if failed:
                 self._update_manifest()
-                raise PartialWrite(pa.concat_tables(failed), error)
+                raise PartialWrite(pa.concat_tables(failed), errors[0])
         self._update_manifest()
 
     def _update_manifest(self) -> None:

@@ -23,6 +23,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from chiptrace._protowire import WireError, fields
 from chiptrace.collector._pbwire import scan_span, span_header
+from chiptrace.collector.anyvalue import decode_any_value, key_values
 from chiptrace.schema import ATTRIBUTE_COLUMNS, CHIP_TYPES, chip_type_of, dumps
 
 _HAS_CORE = object()  # a span tail holding ids, name, kind or times: not the fast shape
@@ -57,12 +58,6 @@ SPAN_COLUMNS = (
     "links",
     *TYPED_COLUMNS,
 )
-
-
-def _any(value: Any) -> Any:
-    from chiptrace.collector.decode import decode_any_value
-
-    return decode_any_value(value)
 
 
 def _fits(col: str, value: Any) -> bool:
@@ -133,7 +128,7 @@ class SpanReader:
 
     def _key_value(self, raw: bytes) -> tuple[int | None, str, Any]:
         kv = KeyValue.FromString(raw)
-        value = _any(kv.value)
+        value = decode_any_value(kv.value)
         col = ATTRIBUTE_COLUMNS.get(kv.key)
         hit = (_COL_INDEX[col] if col is not None and _fits(col, value) else None, kv.key, value)
         return self._caches.put(self._kv, raw, hit, len(raw))
@@ -277,8 +272,8 @@ class SpanReader:
 
     def _attributes(self, raws: tuple[bytes, ...]) -> tuple[tuple[Any, ...], str | None]:
         """(typed column values in TYPED_COLUMNS order, JSON of the rest) of one span."""
-        typed = list(_NO_TYPED)
-        rest = None
+        typed: list[Any] = list(_NO_TYPED)
+        rest: dict[str, Any] | None = None
         get = self._kv.get
         for raw in raws:
             idx, key, value = get(raw) or self._key_value(raw)
@@ -343,8 +338,6 @@ class SpanReader:
 
 
 def _events(raws: list[bytes]) -> str:
-    from chiptrace.collector.decode import key_values
-
     out = []
     for raw in raws:
         e = Span.Event.FromString(raw)
@@ -355,8 +348,6 @@ def _events(raws: list[bytes]) -> str:
 
 
 def _links(raws: list[bytes]) -> str:
-    from chiptrace.collector.decode import key_values
-
     out = []
     for raw in raws:
         lk = Span.Link.FromString(raw)
@@ -371,8 +362,6 @@ def _links(raws: list[bytes]) -> str:
 
 
 def _resource(resource: Any) -> tuple[str, str | None, int | None, str]:
-    from chiptrace.collector.decode import key_values
-
     attrs = key_values(resource.attributes)
     pid = attrs.get("process.pid")
     host = attrs.get("host.name")

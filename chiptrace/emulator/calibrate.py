@@ -147,7 +147,7 @@ def load(trace_dir: str | Path, source: str = "") -> Profile:
 def _source(trace_dir: str | Path, source: str, rows: list) -> Topology:
     if source:
         return load_topology(source)
-    names = set()
+    names: set[str] = set()
     for r in {r[12] for r in rows if r[12]}:
         names.update(json.loads(r).get("device.names") or [])
     for model, preset in MACHINES:

@@ -92,8 +92,10 @@ def apply_faults(topology: Topology, faults: Iterable[Fault]) -> Effects:
     down = {f.target for f in faults if f.kind == "down"}
     links = [lk for lk in topology.links if lk.id not in down]
     topo = replace(topology, links=links) if down else topology
-    factor = {f.target: f.value for f in faults if f.kind == "degrade"}
+    # Valued kinds: parse_fault gives degrade, slow and straggler a value.
+    valued = [(f.kind, f.target, f.value) for f in faults if f.value is not None]
+    factor = {t: v for k, t, v in valued if k == "degrade"}
     bandwidth = [lk.bandwidth * factor.get(lk.id, 1.0) for lk in links]
-    slow = {f.target: f.value for f in faults if f.kind == "slow"}
-    delay = {f.target: f.value * 1e6 for f in faults if f.kind == "straggler"}
-    return Effects(topo, bandwidth, slow, delay)  # type: ignore[arg-type]
+    slow = {t: v for k, t, v in valued if k == "slow"}
+    delay = {t: v * 1e6 for k, t, v in valued if k == "straggler"}
+    return Effects(topo, bandwidth, slow, delay)

@@ -21,6 +21,7 @@ import numpy as np
 from chiptrace.emulator.context import Context
 from chiptrace.emulator.efficiency import Efficiency, check_mode
 from chiptrace.emulator.errors import WorkloadError
+from chiptrace.emulator.infer_spans import emit_batch
 from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
 from chiptrace.emulator.scheduler import assign
 from chiptrace.schema import PRECISIONS
@@ -91,7 +92,8 @@ class Inference:
         default = ctx.precision
         self.prefill = cfg.prefill_precision or ("fp8" if default == "bf16" else default)
         self.decode = cfg.decode_precision or ("nvfp4" if default == "bf16" else default)
-        self.nic = (topo.of_type("nic") or topo.of_type("cpu") or [None])[0]
+        ends = topo.of_type("nic") or topo.of_type("cpu")  # where requests come in
+        self.nic = ends[0] if ends else None
         for d in self.devices:
             chip = topo.chips[d]
             weights = cfg.params * max(
@@ -148,7 +150,8 @@ class Inference:
         deadline = self.queue[0][0] + self.cfg.max_wait_ms * 1e6
         limit = max(deadline, self.ready())
         self._arrivals_until(limit)
-        batch, tokens = [], 0
+        batch: list[tuple[float, int, int]] = []
+        tokens = 0
         while self.queue and self.queue[0][0] <= limit:
             if batch and tokens + self.queue[0][1] > self.cfg.token_budget:
                 return batch[-1][0], batch  # the budget filled when the last one arrived
@@ -209,8 +212,6 @@ class Inference:
 
     def run_batch(self, i: int, close: float, batch: list[tuple[float, int, int]]) -> float:
         """Place and emit a formed batch i; returns when it finishes (virtual ns)."""
-        from chiptrace.emulator.infer_spans import emit_batch
-
         device, start = self.place(i, close, batch)
         end = emit_batch(self, device, batch, start)
         self.free[device] = end

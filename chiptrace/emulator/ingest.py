@@ -37,7 +37,7 @@ class Ingest:
                 f"workload host_load_flops_per_byte > 0 needs NICs and CPUs; topology {topo.name} lacks them"
             )
         self.tr = tr
-        self.cpu = {g: tr.host[g] or tr.cpus[0] for g in tr.gpus}
+        self.cpu = {g: tr.host[g] for g in tr.gpus}  # CPUs are there: checked above
         self.nic = balanced(tr.gpus, lambda g: net.nearest(self.cpu[g], nics), nics[0])
         # The wire each NIC receives on: from its widest switch neighbour (None: no uplink).
         self.wire = {n: _uplink(tr, n) for n in set(self.nic.values())}
@@ -88,9 +88,10 @@ class Ingest:
             op="io",
             nbytes=int(nbytes),
         )
-        wired = [i for i, x in enumerate(nics) if self.wire[x]]
-        if wired:
-            routes = [self.wire[nics[i]] for i in wired]
+        uplinks = [(i, r) for i, x in enumerate(nics) if (r := self.wire[x]) is not None]
+        if uplinks:
+            wired = [i for i, _ in uplinks]
+            routes = [r for _, r in uplinks]
             transfers(
                 tb, routes, starts[wired], ends[wired], trace, parent, "rx.wire", nbytes, op="io"
             )

@@ -209,7 +209,10 @@ class Network:
         return fluid_ends(dirs, np.asarray(nbytes, dtype=np.float64), ready, capacity)
 
     def fluid(
-        self, starts: Sequence[float], routes: Sequence[Route], nbytes: Sequence[float]
+        self,
+        starts: Sequence[float] | np.ndarray,
+        routes: Sequence[Route],
+        nbytes: Sequence[float],
     ) -> np.ndarray:
         """End times (ns) of transfers along routes, starting at `starts` (ns): route
         latency, then bytes at the max-min fair rate among the transfers in flight."""

@@ -83,14 +83,18 @@ class Replay:
         self.comm_eff = self._fit_comm()
         self.nic_ratio = _nic_bw(self.prof.source) / max(_nic_bw(ctx.topology), 1.0)
         cpus = ctx.topology.of_type("cpu")
-        self.host = {g: (ctx.network.nearest(g, cpus) or [None])[0] for g in self.gpus}
+        # Each GPU's nearest CPU, None without CPUs (host copies then cost nothing extra).
+        self.host: dict[str, str | None] = {}
+        for g in self.gpus:
+            near = ctx.network.nearest(g, cpus)
+            self.host[g] = near[0] if near else None
         self.plans: dict[tuple, collectives.Plan] = {}
         self.t = 0.0
 
     def _scales(self) -> dict[str, float]:
         """Target time over source time, per compute class."""
         p, src, tgt = self.prof, self.prof.gpu, self.chip
-        out = {}
+        out: dict[str, float] = {}
         for cls in ("gemm", "attention", "elementwise", "optimizer"):
             e_src = self.eff.of(src.efficiency, cls, p.precision)
             fit = p.fitted.get(cls, e_src) / e_src  # the job's kernels against the preset's

@@ -173,7 +173,7 @@ def emulate(
         ChiptraceError: bad topology, workload, fault, precision or schedule.
     """
     _check_args(precision, schedule, steps, duration_s, speed)
-    topo = topology if isinstance(topology, Topology) else load_topology(topology)
+    topo = topology if isinstance(topology, Topology) else load_topology(os.fspath(topology))
     parsed: list[Fault] = [parse_fault(f, topo) for f in faults]
     effects = apply_faults(topo, parsed)
     cfg = make_config(workload, options)

@@ -101,7 +101,7 @@ class SpanTable:
         network: Network,
         rng: np.random.Generator,
         epoch_ns: int,
-        emit: Callable[[pa.RecordBatch], None],
+        emit: Callable[[pa.RecordBatch], object],  # what it returns is not used
         constants: dict[str, Any],
         chunk_spans: int = 262_144,
     ) -> None:
@@ -276,7 +276,7 @@ class SpanTable:
         has_dir = d >= 0
         safe = np.where(has_dir, d, 0)
 
-        names = pa.array(sorted(self.names, key=self.names.get), _STR)
+        names = pa.array(sorted(self.names, key=self.names.__getitem__), _STR)
         cols = {
             "trace_id": tid,
             "span_id": ids_to_binary(c["span"]),

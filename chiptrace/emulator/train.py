@@ -16,6 +16,8 @@ from chiptrace.emulator import collectives
 from chiptrace.emulator.context import Context
 from chiptrace.emulator.efficiency import Efficiency, check_mode
 from chiptrace.emulator.errors import WorkloadError
+from chiptrace.emulator.fabric import Fabric
+from chiptrace.emulator.ingest import Ingest
 from chiptrace.emulator.layered import ATTN_SHARE
 from chiptrace.emulator.model import BYTES, resolve_precision
 from chiptrace.emulator.scheduler import balanced
@@ -127,10 +129,11 @@ class Training:
             )
         self.memory_per_gpu = need
         net = ctx.network
-        self.host: dict[str, str | None] = (
+        # Each GPU's host: its nearest CPU (none without CPUs; the CPU paths require them).
+        self.host: dict[str, str] = (
             balanced(self.gpus, lambda g: net.nearest(g, self.cpus), self.cpus[0])
             if self.cpus
-            else dict.fromkeys(self.gpus)
+            else {}
         )
         # Static placement feeds each GPU from its nearest DPU (the one on its own host),
         # equally near ones dealt round robin.
@@ -141,10 +144,7 @@ class Training:
         self.eff = Efficiency(cfg.efficiency)
         self.comm_eff = self.eff.of(g0.efficiency, "comm", self.precision)
         self.t = 0.0  # end of the previous step
-        # Optional host path and switch ops (imported here: both modules import train_step).
-        from chiptrace.emulator.fabric import Fabric
-        from chiptrace.emulator.ingest import Ingest
-
+        # Optional host path and switch ops.
         self.ingest = Ingest(self) if cfg.host_load_flops_per_byte > 0 else None
         self.fabric = Fabric(ctx) if cfg.switch_ops else None
         self.prev_start = 0.0

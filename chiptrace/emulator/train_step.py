@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chiptrace.emulator import collectives
+from chiptrace.emulator.layered import Layered
 from chiptrace.emulator.model import BYTES, op_ns, resolve_precision
 from chiptrace.emulator.network import Route
 from chiptrace.emulator.scheduler import assign
@@ -72,8 +73,10 @@ def run_step(tr: Training, s: int, t0: float) -> float:
 
     # Prefetched input runs during the previous step: it sits in that step's trace, under
     # its root (no child starts before its parent), linked to the step it feeds.
-    prefetched = tr.cfg.prefetch and tr.prev_trace is not None
-    in_trace = tr.prev_trace if prefetched else trace
+    in_trace = trace
+    if tr.cfg.prefetch and tr.prev_trace is not None:
+        in_trace = tr.prev_trace
+    prefetched = in_trace != trace
     ready, h2d_ids = _input(tr, s, t0, in_trace, ph["input"], bounds)
     if tr.cfg.sharding == "fsdp" or tr.cfg.moe:
         ar_end, last_bucket = _layered(tr, t0, ready, (in_trace, h2d_ids), trace, ph, bounds)
@@ -216,8 +219,6 @@ def _layered(
 ) -> tuple[float, int]:
     """FSDP or MoE (layered.py): forward and backward with their in-layer collectives,
     then the gradients' reduce-scatters (FSDP) or the attention blocks' all-reduce (MoE)."""
-    from chiptrace.emulator.layered import Layered
-
     run = Layered(tr, layer_work(tr.cfg, tr.precision, tr.eff.ideal), trace, ph)
     delay = np.array([tr.ctx.delay.get(g, 0.0) for g in tr.gpus])
     in_trace, h2d_ids = h2d

@@ -24,8 +24,8 @@ class HostError(ChiptraceError):
     """Host sampling or `chiptrace record` could not do what was asked (e.g. no such command)."""
 
 
-# The sampler (psutil, threads) loads on first use: chiptrace.query imports this package
-# for the metrics schema alone.
+# The sampler (psutil, threads) loads on first use: `from chiptrace.host import UNITS`
+# should not start importing psutil.
 _LAZY = {"HostSampler", "DEFAULT_INTERVAL_S"}
 
 

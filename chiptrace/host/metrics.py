@@ -1,8 +1,10 @@
-"""The metrics schema: host samples in long format, one row per (time, chip, metric).
+"""Host metrics: their names and units, and the buffer samples go into before Parquet.
 
 Spans say what ran where; metrics say how busy the real hardware was meanwhile. They live
 beside the spans in the same trace dir (`DIR/metrics/part-*.parquet`) and the same run, and
-DuckDB shows them as the `metrics` view (see docs/host.md for every metric name).
+DuckDB shows them as the `metrics` view (see docs/host.md for every metric name). The
+table's schema is chiptrace.schema's (METRICS_SCHEMA), re-exported here, so the query
+layer opens the view without importing this package.
 
 Chip ids follow the span schema's `TYPE:INDEX`: `cpu:N` is logical CPU N, `gpu:N` is NVML
 device N, and `nic:N` is the network interface whose kernel index (`if_nametoindex`) is N,
@@ -16,43 +18,18 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-METRICS_TABLE = "metrics"
-METRICS_SCHEMA_VERSION = 1
-METRICS_SCHEMA_VERSION_KEY = b"chiptrace.metrics_schema_version"
-
-SOURCE_REAL = "real"
-SOURCE_EMULATED = "emulated"
-
-# Plain strings in memory: dictionary-encoding a few hundred rows in Arrow costs ~1 ms a
-# column, ten times the sampling itself. Parquet dictionary-encodes them on disk anyway.
-_STR = pa.string()
-
-METRICS_SCHEMA = pa.schema(
-    [
-        pa.field("ts_ns", pa.int64(), nullable=False),
-        pa.field("host", _STR, nullable=False),
-        pa.field("chip_id", _STR),
-        pa.field("chip_type", _STR),
-        pa.field("device", _STR),
-        pa.field("metric", _STR, nullable=False),
-        pa.field("value", pa.float64(), nullable=False),
-        pa.field("unit", _STR, nullable=False),
-        pa.field("source", _STR, nullable=False),
-        pa.field("run_id", _STR),
-        pa.field("pid", pa.int32()),
-    ],
-    metadata={METRICS_SCHEMA_VERSION_KEY: str(METRICS_SCHEMA_VERSION).encode()},
+from chiptrace.schema import (
+    METRIC_COLUMNS,
+    METRICS_SCHEMA,
+    METRICS_SCHEMA_VERSION,
+    METRICS_SCHEMA_VERSION_KEY,
+    METRICS_TABLE,
+    METRICS_WRITE_OPTIONS,
+    SOURCE_EMULATED,
+    SOURCE_REAL,
 )
-METRIC_COLUMNS = tuple(METRICS_SCHEMA.names)
 
-# Samples repeat hosts, chips and metric names and carry increasing times.
-METRICS_WRITE_OPTIONS = {
-    "compression": "zstd",
-    "compression_level": 3,
-    "use_dictionary": [c for c in METRIC_COLUMNS if c not in ("ts_ns", "value", "pid")],
-    "column_encoding": {"ts_ns": "DELTA_BINARY_PACKED"},
-    "write_statistics": ["ts_ns", "chip_id", "chip_type", "metric"],
-}
+_STR = pa.string()  # plain strings: see METRICS_SCHEMA
 
 # metric name -> unit. One vocabulary, so the report, the viewer and SQL agree on names.
 UNITS = {
@@ -176,3 +153,20 @@ def metrics_batch(
 def empty_metrics() -> pa.Table:
     """A metrics table with no rows, for readers that must return the schema anyway."""
     return METRICS_SCHEMA.empty_table()
+
+
+__all__ = [
+    "METRIC_COLUMNS",
+    "METRICS_SCHEMA",
+    "METRICS_SCHEMA_VERSION",
+    "METRICS_SCHEMA_VERSION_KEY",
+    "METRICS_TABLE",
+    "METRICS_WRITE_OPTIONS",
+    "SOURCE_EMULATED",
+    "SOURCE_REAL",
+    "UNITS",
+    "Sample",
+    "SampleBuffer",
+    "empty_metrics",
+    "metrics_batch",
+]

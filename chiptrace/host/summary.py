@@ -83,7 +83,7 @@ def summarize(con: Any, since_ns: int = 0, until_ns: int | None = None) -> RunSu
         f"{m} AND chip_type = 'nic' GROUP BY ALL ORDER BY rx + tx DESC, device LIMIT 1",
         window,
     )
-    out.top_nic = tuple(nic[0]) if nic else None  # type: ignore[assignment]
+    out.top_nic = tuple(nic[0]) if nic else None
     prog = _rows(
         con,
         "SELECT avg(value) FILTER (WHERE metric = 'proc.cpu') / 100, "
@@ -92,7 +92,7 @@ def summarize(con: Any, since_ns: int = 0, until_ns: int | None = None) -> RunSu
         f"max(value) FILTER (WHERE metric = 'proc.rss') {m} AND metric LIKE 'proc.%'",
         window,
     )[0]
-    out.program = tuple(prog) if prog[0] is not None else None  # type: ignore[assignment]
+    out.program = tuple(prog) if prog[0] is not None else None
     for row in _rows(
         con,
         "SELECT chip_id, any_value(device), "

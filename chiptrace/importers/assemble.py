@@ -152,7 +152,7 @@ class Assembler:
         const = self._constants(f, prefix)
         row = 0
         for block in f.blocks:
-            static = read_spill(block.spill)  # type: ignore[arg-type] - staged by the reader
+            static = read_spill(block.spill)  # type: ignore[arg-type]  # staged by the reader
             k = static.num_rows
             sl = slice(row, row + k)
             cols = dict(zip(static.schema.names, static.columns, strict=True))

@@ -104,10 +104,12 @@ class ChromeReader:
         start = ev.us_to_ns(rows.ts)
         end = start + np.rint(np.asarray(rows.dur, np.float64) * 1000).astype(np.int64)
         args = _ANY.decode(b"[" + b",".join(bytes(a) or b"{}" for a in rows.args) + b"]")
-        spans, ids = (
-            [],
-            {"trace": [], "span": np.zeros(n, np.uint64), "parent": np.zeros(n, np.uint64)},
-        )
+        spans: list[dict[str, Any]] = []
+        ids: dict[str, Any] = {
+            "trace": [],
+            "span": np.zeros(n, np.uint64),
+            "parent": np.zeros(n, np.uint64),
+        }
         for i, a in enumerate(args):
             a = a if isinstance(a, dict) else {}
             attrs = {k: v for k, v in a.items() if k not in _RESERVED}

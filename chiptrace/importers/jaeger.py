@@ -138,7 +138,7 @@ def _span(
             parent = rid
         else:
             links.append({"trace_id": rtrace.hex(), "span_id": rid.hex(), "attributes": {}})
-    proc = processes.get(sp.get("processID")) or sp.get("process") or {}
+    proc = processes.get(sp.get("processID") or "") or sp.get("process") or {}
     res = {"service.name": proc.get("serviceName", "jaeger"), **_tags(proc.get("tags"))}
     status = attrs.pop("otel.status_code", None)
     code = (
@@ -198,7 +198,8 @@ def read_jaeger(path: Path, facts: FileFacts) -> Iterator[pa.RecordBatch]:
     """
     spans: list[dict[str, Any]] = []
     for tr in read_jaeger_json(path).traces:
-        procs = tr.get("processes") if isinstance(tr.get("processes"), dict) else {}
+        found = tr.get("processes")
+        procs: dict[str, Any] = found if isinstance(found, dict) else {}
         facts.events += len(tr["spans"])
         for sp in tr["spans"]:
             spans.append(_span(path, sp, tr["traceID"], procs))

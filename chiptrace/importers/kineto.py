@@ -138,12 +138,14 @@ class KinetoReader:
     # ------------------------------------------------------------ header and metadata
 
     def _header(self, h: dict[str, Any]) -> None:
-        info = h.get("distributedInfo") if isinstance(h.get("distributedInfo"), dict) else {}
+        raw_info = h.get("distributedInfo")
+        info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
         f = self.facts
         f.rank = _int(info.get("rank"))
         f.world_size = _int(info.get("world_size"))
         f.base_ns = _int(h.get("baseTimeNanoseconds")) or 0
-        props = h.get("deviceProperties") if isinstance(h.get("deviceProperties"), list) else []
+        raw_props = h.get("deviceProperties")
+        props: list[Any] = raw_props if isinstance(raw_props, list) else []
         self._link = link_type_for([str(p.get("name", "")) for p in props if isinstance(p, dict)])
         res: dict[str, Any] = {"service.name": "pytorch", "telemetry.sdk.name": "kineto"}
         for key, name in (("rank", "distributed.rank"), ("world_size", "distributed.world_size")):

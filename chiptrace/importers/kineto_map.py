@@ -183,7 +183,14 @@ def _complete(
 class _Rows:
     """The columns of one block while they are decided (see map_events)."""
 
-    def __init__(self, pid, end, args, pair_codes, pairs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        pid: np.ndarray,  # int64, one per event
+        end: np.ndarray,  # int64 ns
+        args: list[Any],  # each event's undecoded args
+        pair_codes: np.ndarray,  # int32 index into `pairs`
+        pairs: list[tuple[str, str]],  # distinct (category, name)
+    ) -> None:
         n = len(pid)
         self.n, self.pid, self.end, self.args = n, pid, end, args
         self.pair_codes = pair_codes

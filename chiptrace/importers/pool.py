@@ -63,7 +63,7 @@ def map_block(raw: bytes, link_type: str, spill: str, path: str) -> Mapped | Non
     mapped = map_events(events, link_type)
     if mapped.static.num_rows:
         write_spill(spill, mapped.static)
-    mapped.static = None  # type: ignore[assignment] - staged
+    mapped.static = None  # staged
     return mapped
 
 

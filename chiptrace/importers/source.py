@@ -17,7 +17,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import msgspec
 
@@ -51,7 +51,7 @@ def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
         raise TraceFormatError(f"cannot read {path}: {e.strerror}") from e
     if fh.read(2) == _GZIP_MAGIC:
         fh.close()
-        return gzip.open(path, "rb")
+        return cast(IO[bytes], gzip.open(path, "rb"))  # a GzipFile is one; typeshed disagrees
     fh.seek(0)
     return fh
 
@@ -138,8 +138,8 @@ class TraceEventStream:
     def __iter__(self) -> Iterator[list[Any]]:
         self.in_main = True
         for events in self.blocks():
-            if events:
-                yield events  # type: ignore[misc] - decoded in place: lists only
+            if events and isinstance(events, list):  # in_main: decoded lists only
+                yield events
 
     def blocks(self) -> Iterator[list[Any] | bytes | None]:
         """Decoded event lists, or (in_main off) undecoded blocks and the None barrier."""

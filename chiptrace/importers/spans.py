@@ -30,12 +30,11 @@ def split_attributes(attrs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     rest: dict[str, Any] = {}
     for key, value in attrs.items():
         col = ATTRIBUTE_COLUMNS.get(key)
-        ok = col is not None and (
+        if col is not None and (
             isinstance(value, int) and not isinstance(value, bool)
             if col in _INT_COLUMNS
             else isinstance(value, str)
-        )
-        if ok:
+        ):
             cols[col] = value
         else:
             rest[key] = value

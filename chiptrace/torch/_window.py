@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from chiptrace import current_span
+from chiptrace.api import current_span
 from chiptrace.importers.within import OPEN_NS, Within
 from chiptrace.recorder import Recorder
 

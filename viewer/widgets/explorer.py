@@ -58,7 +58,7 @@ class Explorer(Vertical):
         if self.store is None:
             self._status("[$text-muted]this source keeps no store: start with --out DIR[/]")
             return
-        self._load_traces()
+        self._load_traces(self.store)
 
     def open_trace(self, trace_id: str) -> None:
         """Lay out one trace's waterfall (in a worker)."""
@@ -66,22 +66,22 @@ class Explorer(Vertical):
             return
         self.trace_id = trace_id
         self._status(f"loading trace {trace_id[:12]}…")
-        self._load_trace(trace_id)
+        self._load_trace(self.store, trace_id)
 
     def _status(self, text: str) -> None:
         self.query_one("#explorer-status", Static).update(text)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="traces")
-    def _load_traces(self) -> None:
+    def _load_traces(self, store: LiveStore) -> None:
         try:
-            self.post_message(self.TracesLoaded(self.store.traces()))
+            self.post_message(self.TracesLoaded(store.traces()))
         except ChiptraceError as e:
             self.post_message(self.Failed(str(e)))
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="trace")
-    def _load_trace(self, trace_id: str) -> None:
+    def _load_trace(self, store: LiveStore, trace_id: str) -> None:
         try:
-            spans = self.store.trace_spans(trace_id)
+            spans = store.trace_spans(trace_id)
             critical, error = critical_span_ids(spans)
             rows = WaterfallRows(spans, critical)
             self.post_message(self.TraceLoaded(trace_id, rows, error))

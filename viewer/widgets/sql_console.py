@@ -83,21 +83,21 @@ class SqlConsole(Vertical):
             self._show_error("this source keeps no store: start with --out DIR")
             return
         self.query_one("#sql-status", Static).update("[$text-muted]running…[/]")
-        self._run(sql)
+        self._run(self.store, sql)
 
     @work(thread=True, exclusive=True, exit_on_error=False)
-    def _run(self, sql: str) -> None:
+    def _run(self, store: LiveStore, sql: str) -> None:
         try:
-            table = self.store.sql(sql)
+            table = store.sql(sql)
             self.post_message(self.Result(sql, table, None))
         except ChiptraceError as e:
             self.post_message(self.Result(sql, None, str(e)))
 
     def on_sql_console_result(self, msg: Result) -> None:
-        if msg.error is not None:
-            self._show_error(msg.error)
-            return
         table = msg.table
+        if msg.error is not None or table is None:
+            self._show_error(msg.error or "no result")
+            return
         grid = self.query_one("#sql-result", DataTable)
         grid.clear(columns=True)
         grid.add_columns(*table.column_names)

@@ -259,21 +259,23 @@ class Waterfall(ScrollView, can_focus=True):
         width = self.size.width
         if self.data is None or row >= self._n_rows():
             return Strip.blank(width, self.rich_style)
+        d = self.data
         if self.lanes:
-            return self._gantt_line(row, width)
-        i = int(self.data.rows[row])
-        return self._header_line(row, width) if i < 0 else self._span_line(row, i, width)
+            return self._gantt_line(d, row, width)
+        i = int(d.rows[row])
+        return self._header_line(d, row, width) if i < 0 else self._span_line(d, row, i, width)
 
-    def _columns(self, idx: np.ndarray, bar_w: int) -> tuple[np.ndarray, np.ndarray]:
+    def _columns(
+        self, d: WaterfallRows, idx: np.ndarray, bar_w: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Bar columns [a, b) of spans idx on the current time axis (at least one cell)."""
         lo, hi = self.view
         scale = bar_w / max(hi - lo, 1)
-        a = np.clip(((self.data.start[idx] - lo) * scale).astype(np.int64), 0, bar_w - 1)
-        b = np.clip(np.ceil((self.data.end[idx] - lo) * scale).astype(np.int64), 0, bar_w)
+        a = np.clip(((d.start[idx] - lo) * scale).astype(np.int64), 0, bar_w - 1)
+        b = np.clip(np.ceil((d.end[idx] - lo) * scale).astype(np.int64), 0, bar_w)
         return a, np.maximum(b, a + 1)
 
-    def _gantt_line(self, lane: int, width: int) -> Strip:
-        d = self.data
+    def _gantt_line(self, d: WaterfallRows, lane: int, width: int) -> Strip:
         label_w = min(LABEL_MAX, max(10, width // 4))
         bar_w = max(width - label_w - 1, 4)
         spans = d.lane_spans[lane]
@@ -286,7 +288,7 @@ class Waterfall(ScrollView, can_focus=True):
             (3, spans[spans == self.selected]),
         ):
             if len(idx):
-                a, b = self._columns(idx, bar_w)
+                a, b = self._columns(d, idx, bar_w)
                 diff = np.zeros(bar_w + 1, dtype=np.int64)
                 np.add.at(diff, a, 1)
                 np.add.at(diff, b, -1)
@@ -312,11 +314,11 @@ class Waterfall(ScrollView, can_focus=True):
                 segs.append(Segment(("·" if level == 0 else "█") * len(run), styles[level]))
         return Strip(segs).crop_extend(0, width, base)
 
-    def _header_line(self, row: int, width: int) -> Strip:
-        lane = self.data.header_lane.get(row, "")
+    def _header_line(self, d: WaterfallRows, row: int, width: int) -> Strip:
+        lane = d.header_lane.get(row, "")
         lo, hi = self.view
         text = f"▾ {lane}"
-        axis = f" {human_ns(lo - self.data.t0)} … {human_ns(hi - self.data.t0)} "
+        axis = f" {human_ns(lo - d.t0)} … {human_ns(hi - d.t0)} "
         pad = max(width - len(text) - len(axis), 1)
         style = self.get_component_rich_style("waterfall--lane")
         axis_style = self.get_component_rich_style("waterfall--axis")
@@ -324,15 +326,14 @@ class Waterfall(ScrollView, can_focus=True):
             0, width, style
         )
 
-    def _span_line(self, row: int, i: int, width: int) -> Strip:
-        d = self.data
+    def _span_line(self, d: WaterfallRows, row: int, i: int, width: int) -> Strip:
         label_w = min(LABEL_MAX, max(10, width // 3))
         bar_w = max(width - label_w - 10, 4)
         crit = bool(d.critical[i])
         label = f"{'◆' if crit else ' '} {d.names[i].as_py()}"[:label_w].ljust(label_w)
         dur = f"{human_ns(d.end[i] - d.start[i]):>9} "
         lo, hi = self.view
-        (a,), (b,) = self._columns(np.array([i]), bar_w)
+        (a,), (b,) = self._columns(d, np.array([i]), bar_w)
         if d.end[i] < lo or d.start[i] > hi:
             a = b = 0
         base = self.rich_style
