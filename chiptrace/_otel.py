@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from chiptrace import _attributes as A
 from chiptrace.config import Config
-from chiptrace.schema import COLUMN_ATTRIBUTES
 
 log = logging.getLogger("chiptrace")
 
@@ -33,16 +33,6 @@ _KIND = {
 }
 _STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
 _FLAGS = TraceFlags(TraceFlags.SAMPLED)
-
-
-def span_attributes(row: dict[str, Any]) -> dict[str, Any]:
-    """The OpenTelemetry attributes of one stored row: typed columns back to dotted names."""
-    attrs: dict[str, Any] = json.loads(row["attributes"]) if row.get("attributes") else {}
-    for col, key in COLUMN_ATTRIBUTES.items():
-        value = row.get(col)
-        if value is not None:
-            attrs[key] = value
-    return attrs
 
 
 def batch_to_readable_spans(batch: pa.RecordBatch | pa.Table) -> Iterator[ReadableSpan]:
@@ -63,23 +53,20 @@ def batch_to_readable_spans(batch: pa.RecordBatch | pa.Table) -> Iterator[Readab
         scope_name = row["scope"] or "chiptrace"
         if scope_name not in scopes:
             scopes[scope_name] = InstrumentationScope(scope_name)
-        events = [
-            Event(e["name"], e.get("attributes") or {}, e["time_ns"])
-            for e in (json.loads(row["events"]) if row["events"] else [])
-        ]
+        events = [Event(e["name"], e.get("attributes") or {}, e["time_ns"]) for e in A.events(row)]
         links = [
             Link(
                 SpanContext(int(lk["trace_id"], 16), int(lk["span_id"], 16), False, _FLAGS),
-                lk.get("attributes") or {},
+                lk["attributes"],
             )
-            for lk in (json.loads(row["links"]) if row["links"] else [])
+            for lk in A.links(row)
         ]
         yield ReadableSpan(
             name=row["name"],
             context=ctx,
             parent=parent,
             resource=resources[res_text],
-            attributes=span_attributes(row),
+            attributes=A.attributes(row),
             events=events,
             links=links,
             kind=_KIND.get(row["kind"], SpanKind.INTERNAL),

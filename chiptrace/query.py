@@ -215,6 +215,18 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
         raise QueryError(f"SQL error: {first}") from e
 
 
+def format_cell(value: object, null: str = "NULL") -> str:
+    """One SQL result cell as text, as `chiptrace query` and the viewer's SQL console show it:
+    ids (BLOBs) as hex, floats to 6 significant digits, NULL as `null`."""
+    if value is None:
+        return null
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
 def is_data_error(error: BaseException) -> bool:
     """Whether a QueryError came from the data (a page that does not decode), not the SQL."""
     cause = error.__cause__

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import pyarrow as pa
 
-from chiptrace.exporters import attributes as A
+from chiptrace import _attributes as A
 from chiptrace.exporters.source import SpanSource
 from chiptrace.exporters.textfile import write_text
 from chiptrace.schema import CHIP_TYPES

@@ -5,7 +5,8 @@ Each trace lists its processes (`p1`, `p2`, ...: one per service and host, with 
 resource attributes and `host.name` as tags), its spans with CHILD_OF references to their
 parent and FOLLOWS_FROM references for their links, and events as logs, following the
 mapping Jaeger's own OTLP translator uses (`span.kind`, `otel.status_code`, `error`,
-`otel.scope.name` tags). `read_jaeger_json` reads such a file back and checks it.
+`otel.scope.name` tags). `chiptrace.importers.jaeger.read_jaeger_json` reads such a file
+back and checks it (the one Jaeger JSON reader; `chiptrace import` builds on it).
 """
 
 from __future__ import annotations
@@ -13,24 +14,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from chiptrace.errors import ChiptraceError
-from chiptrace.exporters import attributes as A
+from chiptrace import _attributes as A
 from chiptrace.exporters.source import SpanSource
 from chiptrace.exporters.textfile import TextSeries, write_series
 
 log = logging.getLogger("chiptrace")
-
-_HEX = re.compile(r"^[0-9a-fA-F]{1,32}$")
-
-
-class JaegerFormatError(ChiptraceError):
-    """A Jaeger JSON file that does not follow the format."""
 
 
 def tag(key: str, value: Any) -> dict[str, Any]:
@@ -262,85 +255,3 @@ def write_jaeger_json(
             result.files[-1].name,
         )
     return result
-
-
-@dataclass
-class JaegerFile:
-    """What `read_jaeger_json` found: traces, span counts, and problems worth a warning."""
-
-    traces: list[dict[str, Any]]
-    spans: int = 0
-    warnings: list[str] = field(default_factory=list)
-
-
-def _check_id(path: Any, where: str, name: str, value: Any, digits: int) -> None:
-    if not isinstance(value, str) or not _HEX.match(value) or len(value) > digits:
-        raise JaegerFormatError(
-            f"{path}: {where}: {name}={value!r} is not a hex id (expected up to {digits} hex digits)"
-        )
-
-
-def _check_trace(path: Any, tr: Any, out: JaegerFile) -> None:
-    if not isinstance(tr, dict) or not isinstance(tr.get("spans"), list):
-        raise JaegerFormatError(f"{path}: a trace without a 'spans' list")
-    _check_id(path, "trace", "traceID", tr.get("traceID"), 32)
-    seen: set[str] = set()
-    for i, sp in enumerate(tr["spans"]):
-        where = f"trace {tr['traceID']} span #{i}"
-        for key in ("spanID", "operationName", "startTime", "duration"):
-            if key not in sp:
-                raise JaegerFormatError(f"{path}: {where}: missing {key!r}")
-        _check_id(path, where, "spanID", sp["spanID"], 16)
-        if sp["spanID"] in seen:
-            out.warnings.append(f"{where}: duplicate spanID {sp['spanID']}")
-        seen.add(sp["spanID"])
-        if not isinstance(sp["startTime"], int) or not isinstance(sp["duration"], int):
-            raise JaegerFormatError(
-                f"{path}: {where}: startTime/duration must be integer microseconds"
-            )
-    for sp in tr["spans"]:
-        for ref in sp.get("references") or []:
-            _check_id(
-                path,
-                f"trace {tr['traceID']} span {sp['spanID']}",
-                "reference spanID",
-                ref.get("spanID"),
-                16,
-            )
-            if (
-                ref.get("refType") == "CHILD_OF"
-                and ref.get("traceID") == tr["traceID"]
-                and ref["spanID"] not in seen
-            ):
-                out.warnings.append(
-                    f"trace {tr['traceID']} span {sp['spanID']}: parent {ref['spanID']} is missing"
-                )
-    out.traces.append(tr)
-    out.spans += len(tr["spans"])
-
-
-def read_jaeger_json(path: str | os.PathLike[str]) -> JaegerFile:
-    """Read a Jaeger JSON file (`{"data": [...]}` or one bare trace) and check it.
-
-    Non-hex ids and missing fields raise; duplicate span ids and CHILD_OF references to
-    spans not in the trace are returned as warnings (and logged), since Jaeger shows them.
-
-    Raises:
-        JaegerFormatError: not JSON, or not the Jaeger trace format.
-    """
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except OSError as e:
-        raise JaegerFormatError(f"cannot read {path}: {e.strerror}") from e
-    except ValueError as e:
-        raise JaegerFormatError(f"{path}: not JSON ({e})") from e
-    traces = doc.get("data") if isinstance(doc, dict) and "data" in doc else [doc]
-    if not isinstance(traces, list):
-        raise JaegerFormatError(f"{path}: 'data' must be a list of traces")
-    out = JaegerFile([])
-    for tr in traces:
-        _check_trace(path, tr, out)
-    for w in out.warnings:
-        log.warning("chiptrace: %s: %s", path, w)
-    return out

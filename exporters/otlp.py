@@ -12,7 +12,6 @@ Two entry points:
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from chiptrace._queue import BoundedQueue
 from chiptrace.exporters.otlp_config import ENV_TRACES_ENDPOINT, OtlpSettings, resolve
 from chiptrace.exporters.otlp_encode import encode_spans, requests
 from chiptrace.exporters.otlp_transport import ExportError, make_transport, send_with_retry
@@ -159,47 +159,30 @@ class OtlpSink:
         self.retries = retries
         self.batch_spans = batch_spans
         self.max_queued_spans = max_queued_spans
-        self.sent = self.dropped = self.failed = 0
-        self._queue: collections.deque[pa.RecordBatch] = collections.deque()
-        self._queued = 0
-        self._cond = threading.Condition()
-        self._closed = False
-        self._busy = False
+        self.sent = self.failed = 0
+        self._queue: BoundedQueue[pa.RecordBatch] = BoundedQueue(max_queued_spans)
         self._transport = make_transport(self.settings)
         self._thread = threading.Thread(target=self._run, name="chiptrace-otlp", daemon=True)
         self._thread.start()
 
+    @property
+    def dropped(self) -> int:
+        """Spans dropped: the queue was full, or still held at close."""
+        return self._queue.dropped
+
     def write(self, batch: pa.RecordBatch) -> None:
         """Queue a batch for sending; never blocks, drops (and counts) when the queue is full."""
-        with self._cond:
-            if self._closed or self._queued + batch.num_rows > self.max_queued_spans:
-                self.dropped += batch.num_rows
-                return
-            self._queue.append(batch)
-            self._queued += batch.num_rows
-            self._cond.notify()
+        self._queue.put(batch)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything queued was sent (or failed). Returns False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._queue or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.1))
-        return True
+        return self._queue.join(timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued, waiting at most `timeout_s` (a dead endpoint must not hold
         up the program's exit), then stop; what is left is counted as dropped."""
         flushed = self.flush(timeout_s=timeout_s)
-        with self._cond:
-            self._closed = True
-            if not flushed:
-                self.dropped += sum(b.num_rows for b in self._queue)
-                self._queue.clear()
-            self._cond.notify_all()
+        self._queue.close(drop_pending=not flushed)
         self._thread.join(timeout=0 if not flushed else timeout_s)
         self._transport.close()
         if self.dropped or self.failed:
@@ -212,21 +195,11 @@ class OtlpSink:
             )
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                batch = self._queue.popleft()
-                self._busy = True
+        while (batch := self._queue.get()) is not None:
             try:
                 self._send(batch)
             finally:
-                with self._cond:
-                    self._queued -= batch.num_rows
-                    self._busy = False
-                    self._cond.notify_all()
+                self._queue.task_done(batch)
 
     def _send(self, batch: pa.RecordBatch) -> None:
         done = 0

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chiptrace.exporters._wire import field, key_value, key_values, length, varint
+from chiptrace._protowire import field, key_value, key_values, length, varint
 from chiptrace.schema import COLUMN_ATTRIBUTES
 
 # Span fields (trace.proto): the tag bytes of each.

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from chiptrace.schema import CHIP_TYPES
+from chiptrace.topology import parse_topology
 from chiptrace.viewer.snapshot import SeriesRow, SlowSpan, Snapshot
 
 DEFAULT_BUCKET_NS = 10_000_000  # 10 ms: fine enough for a live rack, 4096 of them = 41 s
@@ -106,24 +107,19 @@ class LiveModel:
         """Add the chips and links a run manifest's topology declares, with bandwidths,
         so an idle chip shows 0% instead of being missing."""
         for m in manifests:
-            topo = m.get("topology") if isinstance(m, Mapping) else None
-            if not isinstance(topo, Mapping):
-                continue
+            # the report reads the same manifest with the same function (chiptrace.topology)
+            topo = parse_topology(m)
             with self._lock:
-                for cid, c in _items(topo.get("chips")):
-                    ctype = str(
-                        c.get("type") or c.get("chip_type") or cid.rsplit("/", 1)[-1].split(":")[0]
-                    )
-                    if ctype in CHIP_TYPES:
-                        self.chips.row(cid, type=ctype)
-                for lid, lk in _items(topo.get("links")):
-                    bw = _bandwidth(lk)
+                for cid, c in topo.chips.items():
+                    if c.type in CHIP_TYPES:
+                        self.chips.row(cid, type=c.type)
+                for lk in topo.links:
                     self.links.row(
-                        lid,
-                        type=lk.get("type") or lk.get("link_type") or lid.split(":")[0],
-                        src=lk.get("src"),
-                        dst=lk.get("dst"),
-                        bandwidth=bw,
+                        lk.id,
+                        type=lk.type,
+                        src=lk.src or None,
+                        dst=lk.dst or None,
+                        bandwidth=lk.bandwidth or None,
                     )
 
     # ------------------------------------------------------------ ingest
@@ -396,36 +392,6 @@ def _ints(col: pa.Array | pa.ChunkedArray, fill: int | None = None) -> np.ndarra
         if isinstance(col, pa.Array)
         else np.asarray(col.to_numpy(), dtype=np.int64)
     )
-
-
-def _items(section: Any) -> list[tuple[str, Mapping[str, Any]]]:
-    if isinstance(section, Mapping):
-        return [(str(v.get("id") or k), v) for k, v in section.items() if isinstance(v, Mapping)]
-    if isinstance(section, list):
-        return [
-            (str(v.get("id") or v.get("link_id") or v.get("chip_id")), v)
-            for v in section
-            if isinstance(v, Mapping) and (v.get("id") or v.get("link_id") or v.get("chip_id"))
-        ]
-    return []
-
-
-_BW_KEYS = {
-    "bandwidth_Bps": 1.0,
-    "bandwidth_bytes_per_s": 1.0,
-    "bandwidth_GBps": 1e9,
-    "bandwidth_bps": 1 / 8,
-    "bandwidth": 1.0,
-}
-
-
-def _bandwidth(link: Mapping[str, Any]) -> float | None:
-    """Bytes/s per direction from a manifest link entry (lenient about the key's unit)."""
-    for k, mult in _BW_KEYS.items():
-        v = link.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
-            return float(v) * mult
-    return None
 
 
 def _direction_key(link_id: str, link_type: str, src: str | None, dst: str | None) -> str:

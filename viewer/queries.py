@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from chiptrace import query
@@ -107,51 +106,22 @@ class LiveStore:
                 self._con = None
 
 
-def critical_span_ids(spans: pa.Table) -> set[str]:
-    """Span ids on the trace's critical path (the analysis package's walk when present)."""
+def critical_span_ids(spans: pa.Table) -> tuple[set[str], str | None]:
+    """Span ids on the trace's critical path, as the report finds it
+    (`chiptrace.analysis.critical_path`), and the error when that failed: the waterfall
+    then shows no path and says why, rather than a path from a different algorithm."""
     if not spans.num_rows:
-        return set()
-    try:
-        from chiptrace.analysis.critical_path import critical_path
-    except ImportError:
-        return _last_predecessor_path(spans)
+        return set(), None
+    # Imported here: the analysis package takes ~0.5 s to import and the dashboard
+    # starts without it.
+    from chiptrace.analysis.critical_path import critical_path
+
     try:
         path = critical_path(spans.to_pylist())
     except Exception as e:  # noqa: BLE001 - a bug or odd input there must not blank the waterfall
-        log.warning("chiptrace: analysis critical path failed (%s); using the simple walk", e)
-        return _last_predecessor_path(spans)
-    return {seg.span_id for seg in path.segments if seg.span_id}
-
-
-def _last_predecessor_path(spans: pa.Table) -> set[str]:
-    """Fallback: from the last leaf to finish, step back to the chip/link span that ended
-    last before the current one started. O(path x log n)."""
-    on = np.array(
-        [
-            (c is not None) or (lk is not None)
-            for c, lk in zip(
-                spans["chip_id"].to_pylist(), spans["link_id"].to_pylist(), strict=True
-            )
-        ]
-    )
-    if not on.any():
-        return set()
-    idx = np.flatnonzero(on)
-    start = spans["start_ns"].to_numpy()[idx]
-    end = spans["end_ns"].to_numpy()[idx]
-    order = np.argsort(end, kind="stable")
-    ends = end[order]
-    ids = spans["span_id"].to_pylist()
-    path: set[str] = set()
-    cur = int(order[-1])
-    while True:
-        path.add(ids[int(idx[cur])])
-        k = int(np.searchsorted(ends, start[cur], side="right")) - 1
-        if k < 0:
-            return path
-        cur = int(order[k])
-        if ids[int(idx[cur])] in path:
-            return path
+        log.warning("chiptrace: critical path of the trace failed: %s", e, exc_info=True)
+        return set(), f"{type(e).__name__}: {e}"
+    return {seg.span_id for seg in path.segments if seg.span_id}, None
 
 
 def span_details(row: dict[str, Any]) -> list[tuple[str, str]]:

@@ -7,7 +7,6 @@ polls the sources and drains the feed into the live model, off the UI thread.
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -19,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from chiptrace._queue import BoundedQueue
 from chiptrace.errors import StoreError
 from chiptrace.schema import SPAN_SCHEMA
 from chiptrace.store import check_part, part_files, read_manifests, writer_gone
@@ -36,37 +36,35 @@ class SpanFeed:
 
     def __init__(self, max_spans: int = 2_000_000) -> None:
         self.max_spans = max_spans
-        self.dropped = 0
-        self.received = 0
         self.closed = False
-        self._queue: collections.deque[pa.RecordBatch] = collections.deque()
-        self._queued = 0
-        self._lock = threading.Lock()
+        self._queue: BoundedQueue[pa.RecordBatch | pa.Table] = BoundedQueue(max_spans)
 
     def write(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Queue a batch (thread-safe); drops and counts it when the queue is full."""
-        with self._lock:
-            if self._queued + batch.num_rows > self.max_spans:
-                self.dropped += batch.num_rows
-                return
-            self._queue.append(batch)
-            self._queued += batch.num_rows
-            self.received += batch.num_rows
+        self._queue.put(batch)
 
-    def drain(self) -> list[pa.RecordBatch]:
+    def drain(self) -> list[pa.RecordBatch | pa.Table]:
         """Everything queued, oldest first."""
-        with self._lock:
-            out = list(self._queue)
-            self._queue.clear()
-            self._queued = 0
-        return out
+        return self._queue.drain()
+
+    @property
+    def received(self) -> int:
+        """Spans queued since the start."""
+        return self._queue.accepted
+
+    @property
+    def dropped(self) -> int:
+        """Spans dropped because the queue was full."""
+        return self._queue.dropped
 
     @property
     def pending(self) -> int:
         """Spans queued and not drained yet."""
-        return self._queued
+        return self._queue.pending
 
     def close(self) -> None:
+        # The recorder closes its sinks; other sources may still feed the app, so the
+        # queue stays open.
         self.closed = True
 
 

@@ -33,11 +33,8 @@ def latency_bound(x: RuleInput) -> list[Finding]:
         n = sum(r["transfers"] for r in rows)
         med_bytes = statistics.median(r["median_bytes"] or 0 for r in rows)
         med_ns = statistics.median(r["median_ns"] or 0 for r in rows)
-        lat = [
-            lk.latency_ns
-            for r in rows
-            if (lk := t.topology.links.get(r["link_id"])) is not None and lk.latency_ns
-        ]
+        specs = [t.topology.link(r["link_id"]) for r in rows]
+        lat = [lk.latency_ns for lk in specs if lk and lk.latency_ns]
         bws = [bw for r in rows if (bw := t.topology.bandwidth(r["link_id"]))]
         if lat and bws:
             wire = statistics.median(lat) + med_bytes / statistics.median(bws) * 1e9

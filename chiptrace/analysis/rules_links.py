@@ -203,7 +203,7 @@ def _active(x: RuleInput) -> tuple[set[str], dict[str, set[tuple[str, str]]], se
     for r in t.links.to_pylist():
         active |= {r["link_src"], r["link_dst"]} - {None}
     uses: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    for lk in t.topology.links.values():
+    for lk in t.topology.links:
         if lk.id in used and lk.src and lk.dst:
             uses[lk.src].add((lk.type or "", _kind(lk.dst)))
             uses[lk.dst].add((lk.type or "", _kind(lk.src)))
@@ -211,8 +211,8 @@ def _active(x: RuleInput) -> tuple[set[str], dict[str, set[tuple[str, str]]], se
 
 
 def _ends(t: Any, link_id: str) -> tuple[str, ...]:
-    lk = t.topology.links[link_id]
-    return tuple(e for e in (lk.src, lk.dst) if e)
+    lk = t.topology.link(link_id)
+    return tuple(e for e in (lk.src, lk.dst) if e) if lk else ()
 
 
 def link_down(x: RuleInput) -> list[Finding]:
@@ -223,11 +223,9 @@ def link_down(x: RuleInput) -> list[Finding]:
     if not t.topology.links:
         return []
     active, uses, used = _active(x)
-    mine = set(x.chips or ()) | {
-        e for lk in x.links or () if lk in t.topology.links for e in _ends(t, lk)
-    }
+    mine = set(x.chips or ()) | {e for lk in x.links or () for e in _ends(t, lk)}
     out = []
-    for lk in t.topology.links.values():
+    for lk in t.topology.links:
         if lk.id in used or not (lk.src in active and lk.dst in active):
             continue
         for end, far in ((lk.src, lk.dst), (lk.dst, lk.src)):

@@ -14,8 +14,8 @@ from typing import Any
 from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.rules_chips import peer_group
-from chiptrace.analysis.topology import Topology
 from chiptrace.analysis.workloads import family
+from chiptrace.topology import Topology
 
 SLOW_VS_PEERS = 0.6  # a chip below 60% of its peers' roofline efficiency
 FAST_FORMAT_GAIN = 1.5  # a format at least 1.5x the peak of the one in use

@@ -22,9 +22,9 @@ from chiptrace.analysis.per_step import (
     empty_step_chips,
     load_workloads,
 )
-from chiptrace.analysis.topology import Topology, merge_topologies
 from chiptrace.analysis.workloads import candidates
 from chiptrace.schema import LINK_TYPES, chip_type_of
+from chiptrace.topology import Topology, merge_topologies
 
 COMPUTE_TYPES = ("gpu", "npu")
 HOST_TYPES = ("cpu", "dpu")

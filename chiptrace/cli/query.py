@@ -26,23 +26,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rows", type=int, default=100, help="rows shown in table format")
 
 
-def _cell(v: Any) -> str:
-    if v is None:
-        return "NULL"
-    if isinstance(v, bytes):
-        return v.hex()
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
-
-
 def format_table(table: Any, max_rows: int = 100) -> str:
     """Aligned text table of an Arrow table, numbers right-aligned."""
     import pyarrow as pa
 
+    from chiptrace.query import format_cell
+
     names = table.column_names
     shown = table.slice(0, max_rows).to_pylist()
-    rows = [[_cell(r[n]) for n in names] for r in shown]
+    rows = [[format_cell(r[n]) for n in names] for r in shown]
     numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) for t in table.schema.types]
     widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
     widths = [min(w, 60) for w in widths]

@@ -1,4 +1,5 @@
-"""Protocol Buffers wire-format reading: varints, fields, and the two span scanners.
+"""The two OTLP span scanners over protobuf bytes (chiptrace._protowire owns the wire
+format itself: varints, fields, WireError).
 
 Plain functions over `bytes` and offsets, no message objects (see wire.py for why).
 """
@@ -8,64 +9,14 @@ from __future__ import annotations
 import struct
 from typing import Any, Protocol
 
-from chiptrace.errors import ChiptraceError
+from chiptrace._protowire import WireError
+from chiptrace._protowire import read_varint as varint
 
 
 class StatusCache(Protocol):
     """Turns a Status message's bytes into (code, message)."""
 
     def status_of(self, raw: bytes) -> tuple[int, str | None]: ...
-
-
-class WireError(ChiptraceError):
-    """Bytes that are not a well-formed protobuf message."""
-
-
-def varint(buf: bytes, i: int) -> tuple[int, int]:
-    b = buf[i]
-    if b < 0x80:
-        return b, i + 1
-    result, shift = b & 0x7F, 7
-    while True:
-        i += 1
-        b = buf[i]
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, i + 1
-        shift += 7
-        if shift > 63:
-            raise WireError("varint longer than 10 bytes")
-
-
-def fields(buf: bytes, start: int, end: int) -> Any:
-    """Yield (field number, wire type, value or (lo, hi) slice bounds) over a message."""
-    i = start
-    while i < end:
-        key, i = varint(buf, i)
-        num, wt = key >> 3, key & 7
-        if wt == 2:
-            n, i = varint(buf, i)
-            if i + n > end:
-                raise WireError(f"field {num} runs {i + n - end} bytes past its message")
-            yield num, 2, (i, i + n)
-            i += n
-        elif wt == 0:
-            v, i = varint(buf, i)
-            yield num, 0, v
-        elif wt == 1:
-            if i + 8 > end:
-                raise WireError(f"field {num} is cut short")
-            yield num, 1, int.from_bytes(buf[i : i + 8], "little")
-            i += 8
-        elif wt == 5:
-            if i + 4 > end:
-                raise WireError(f"field {num} is cut short")
-            yield num, 5, int.from_bytes(buf[i : i + 4], "little")
-            i += 4
-        else:
-            raise WireError(f"field {num} has unsupported wire type {wt}")
-    if i != end:
-        raise WireError("a message runs past its end")
 
 
 _CORE_FIELDS = frozenset({1, 2, 4, 5, 6, 7, 8})

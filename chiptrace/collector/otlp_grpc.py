@@ -12,6 +12,7 @@ from __future__ import annotations
 from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
+from chiptrace._protowire import message_field, varint
 from chiptrace.collector.budget import BudgetExhausted
 from chiptrace.collector.otlp_http import RequestError
 from chiptrace.errors import ConfigError
@@ -27,29 +28,16 @@ _UNAVAILABLE = 14
 _RETRY_INFO_URL = b"type.googleapis.com/google.rpc.RetryInfo"
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(num: int, payload: bytes) -> bytes:
-    return _varint(num << 3 | 2) + _varint(len(payload)) + payload
-
-
 def retry_trailers(message: str, retry_after_s: int) -> tuple[tuple[str, bytes], ...]:
     """Trailing metadata telling a client to retry UNAVAILABLE after `retry_after_s`."""
-    duration = b"\x08" + _varint(max(0, retry_after_s))  # Duration.seconds
-    retry_info = _field(1, duration)  # RetryInfo.retry_delay
-    detail = _field(1, _RETRY_INFO_URL) + _field(2, retry_info)  # Any
+    duration = b"\x08" + varint(max(0, retry_after_s))  # Duration.seconds
+    retry_info = message_field(1, duration)  # RetryInfo.retry_delay
+    detail = message_field(1, _RETRY_INFO_URL) + message_field(2, retry_info)  # Any
     status = (
         b"\x08"
-        + _varint(_UNAVAILABLE)
-        + _field(2, message.encode("utf-8"))
-        + _field(3, detail)  # google.rpc.Status
+        + varint(_UNAVAILABLE)
+        + message_field(2, message.encode("utf-8"))
+        + message_field(3, detail)  # google.rpc.Status
     )
     return (("grpc-status-details-bin", status), ("google.rpc.retryinfo-bin", retry_info))
 

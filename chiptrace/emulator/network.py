@@ -63,7 +63,7 @@ class Network:
     def dir_endpoints(self, d: int) -> tuple[str, str]:
         """(src, dst) chip ids of direction `d`."""
         lk = self.topology.links[d // 2]
-        return (lk.a, lk.b) if d % 2 == 0 else (lk.b, lk.a)
+        return (lk.src, lk.dst) if d % 2 == 0 else (lk.dst, lk.src)
 
     def route(self, src: str, dst: str) -> Route:
         """The cheapest route from src to dst (Dijkstra; GPUs and NPUs do not forward).
@@ -110,7 +110,7 @@ class Network:
             if node != src and topo.chips[node].type not in FORWARDERS:
                 continue
             for nxt, li in topo.adjacency[node]:
-                d = 2 * li + (0 if topo.links[li].a == node else 1)
+                d = 2 * li + (0 if topo.links[li].src == node else 1)
                 c = cost + self.dir_latency[d] + _PROBE_BYTES / self.dir_bw[d] * 1e9
                 if c < best.get(nxt, np.inf):
                     best[nxt] = c
@@ -149,7 +149,7 @@ class Network:
             ):
                 continue
             for nxt, li in topo.adjacency[node]:
-                d = 2 * li + (0 if topo.links[li].a == node else 1)
+                d = 2 * li + (0 if topo.links[li].src == node else 1)
                 c = cost + self.dir_latency[d] + _PROBE_BYTES / self.dir_bw[d] * 1e9
                 if c < best.get(nxt, np.inf):
                     best[nxt], prev[nxt] = c, (node, d)
@@ -175,8 +175,8 @@ class Network:
                 for sw in sorted(set(ups) & set(downs) - {mid}, key=_chip_order):
                     if topo.chips[sw].type != "switch":
                         continue
-                    d0 = 2 * ups[sw] + (0 if topo.links[ups[sw]].a == src else 1)
-                    d1 = 2 * downs[sw] + (0 if topo.links[downs[sw]].a == sw else 1)
+                    d0 = 2 * ups[sw] + (0 if topo.links[ups[sw]].src == src else 1)
+                    d1 = 2 * downs[sw] + (0 if topo.links[downs[sw]].src == sw else 1)
                     out.append(
                         Route(
                             src, dst, (d0, d1), float(self.dir_latency[d0] + self.dir_latency[d1])

@@ -1,5 +1,8 @@
 """Rack topologies: chips and links declared in TOML, validated once, with routes.
 
+The model (ChipSpec, LinkSpec, Topology) is chiptrace.topology's, shared with the report and
+the dashboard; this module only reads and validates the TOML declaration.
+
 A topology file declares chip models (peak FLOP/s per precision, memory size and
 bandwidth), chips (a model and a count, ids numbered per type), and links (a type, two
 endpoint sets, bandwidth per direction and latency). Presets ship in `presets/`; a path to a
@@ -12,7 +15,6 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 from chiptrace.emulator import efficiency
 from chiptrace.emulator.errors import TopologyError
 from chiptrace.schema import CHIP_TYPES, LINK_TYPES, PRECISIONS
+from chiptrace.topology import ChipSpec, LinkSpec, Topology
 
 # Per-direction bandwidth (bytes/s) when a link omits it. Sources: PCI-SIG base specs
 # (PCIe 4.0 x16 16 GT/s ~32 GB/s, PCIe 5.0 x16 ~64 GB/s), NVIDIA NVLink pages (NVLink 5:
@@ -43,97 +46,6 @@ DEFAULT_LATENCY_NS = 2_500.0  # base per-hop latency of the design (DESIGN.md)
 # and NPUs are endpoints only.
 FORWARDERS = frozenset({"switch", "cpu", "nic", "dpu"})
 PRESETS = ("rack6", "nvl72", "pcie8", "a100x8", "h100x8")
-
-
-@dataclass(frozen=True, slots=True)
-class ChipSpec:
-    """One chip: figures in base units (FLOP/s, bytes, bytes/s, ns)."""
-
-    id: str
-    type: str
-    model: str
-    peak_flops: Mapping[str, float]
-    memory_bytes: float
-    memory_bandwidth: float
-    launch_overhead_ns: float
-    # {op class: {precision or "*": fraction of the roofline}} (efficiency.py)
-    efficiency: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class LinkSpec:
-    """One full-duplex link; `bandwidth` is per direction in bytes/s."""
-
-    id: str
-    type: str
-    a: str
-    b: str
-    bandwidth: float
-    latency_ns: float
-
-
-@dataclass
-class Topology:
-    """A validated rack: chips and links by id, plus adjacency for routing."""
-
-    name: str
-    source: str
-    chips: dict[str, ChipSpec]
-    links: list[LinkSpec]
-    description: str = ""
-    adjacency: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.rebuild()
-
-    def rebuild(self) -> None:
-        """Recompute adjacency (after a link goes down)."""
-        self.adjacency = {c: [] for c in self.chips}
-        for i, lk in enumerate(self.links):
-            self.adjacency[lk.a].append((lk.b, i))
-            self.adjacency[lk.b].append((lk.a, i))
-
-    def of_type(self, chip_type: str) -> list[str]:
-        """Chip ids of one type, in declaration order."""
-        return [c.id for c in self.chips.values() if c.type == chip_type]
-
-    def link_index(self, link_id: str) -> int | None:
-        for i, lk in enumerate(self.links):
-            if lk.id == link_id:
-                return i
-        return None
-
-    def to_manifest(self) -> dict[str, Any]:
-        """The `topology` manifest key (docs/emulator.md): nominal figures, base units."""
-        return {
-            "name": self.name,
-            "source": self.source,
-            "chips": [
-                {
-                    "id": c.id,
-                    "type": c.type,
-                    "model": c.model,
-                    "peak_flops": dict(c.peak_flops),
-                    "memory_bytes": c.memory_bytes,
-                    "memory_bandwidth_Bps": c.memory_bandwidth,
-                    "launch_overhead_ns": c.launch_overhead_ns,
-                    "efficiency": {k: dict(v) for k, v in c.efficiency.items()},
-                }
-                for c in self.chips.values()
-            ],
-            "links": [
-                {
-                    "id": lk.id,
-                    "type": lk.type,
-                    "src": lk.a,
-                    "dst": lk.b,
-                    "bandwidth_Bps": lk.bandwidth,
-                    "latency_ns": lk.latency_ns,
-                    "full_duplex": True,
-                }
-                for lk in self.links
-            ],
-        }
 
 
 # ---------------------------------------------------------------- loading
@@ -387,3 +299,16 @@ def _pairs(
             raise TopologyError(f"{source}: {where}: connect = 'blocks' needs len(a) >= len(b)")
         return [(x, b[k * len(b) // len(a)]) for k, x in enumerate(a)]
     raise TopologyError(f"{source}: {where}.connect = {connect!r}: expected 'all' or 'blocks'")
+
+
+__all__ = [
+    "ChipSpec",
+    "LinkSpec",
+    "Topology",
+    "PRESETS",
+    "FORWARDERS",
+    "DEFAULT_BANDWIDTH",
+    "build_topology",
+    "load_topology",
+    "expand",
+]

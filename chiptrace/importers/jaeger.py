@@ -1,11 +1,20 @@
 """Jaeger JSON (`{"data": [traces]}` as the UI and the query API give it, or one bare trace)
 -> span batches. Tags are typed attributes (chip.*, link.*, op.* to their columns),
 CHILD_OF the parent, FOLLOWS_FROM links, logs events, the process the resource. Jaeger
-keeps microseconds, so times come back to the microsecond."""
+keeps microseconds, so times come back to the microsecond.
+
+`read_jaeger_json` is the one Jaeger JSON reader: it decodes and checks a file (the
+importer builds on it; the Jaeger exporter's tests read their own output back with it).
+Non-hex ids and missing fields raise; duplicate span ids and CHILD_OF references to spans
+not in the trace are warnings, since Jaeger shows such traces."""
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +28,84 @@ from chiptrace.importers.spans import KIND_CODES, STATUS_CODES, columns_of
 from chiptrace.schema import batch_from_columns, dumps, ids_to_binary, trace_ids_to_binary
 
 _BATCH = 1 << 16
+_HEX = re.compile(r"^[0-9a-fA-F]{1,32}$")
+log = logging.getLogger("chiptrace")
+
+
+class JaegerFormatError(TraceFormatError):
+    """A Jaeger JSON file that does not follow the format."""
+
+
+@dataclass
+class JaegerFile:
+    """What `read_jaeger_json` found: traces, span counts, and problems worth a warning."""
+
+    traces: list[dict[str, Any]]
+    spans: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def _check_id(path: Any, where: str, name: str, value: Any, digits: int) -> None:
+    if not isinstance(value, str) or not _HEX.match(value) or len(value) > digits:
+        raise JaegerFormatError(
+            f"{path}: {where}: {name}={value!r} is not a hex id (expected up to {digits} hex digits)"
+        )
+
+
+def _check_trace(path: Any, tr: Any, out: JaegerFile) -> None:
+    if not isinstance(tr, dict) or not isinstance(tr.get("spans"), list):
+        raise JaegerFormatError(f"{path}: a trace without a 'spans' list; expected Jaeger JSON")
+    _check_id(path, "trace", "traceID", tr.get("traceID"), 32)
+    seen: set[str] = set()
+    for i, sp in enumerate(tr["spans"]):
+        where = f"trace {tr['traceID']} span #{i}"
+        if not isinstance(sp, dict):
+            raise JaegerFormatError(f"{path}: {where}: expected a span object")
+        for key in ("spanID", "operationName", "startTime", "duration"):
+            if key not in sp:
+                raise JaegerFormatError(f"{path}: {where}: missing {key!r}")
+        _check_id(path, where, "spanID", sp["spanID"], 16)
+        if sp["spanID"] in seen:
+            out.warnings.append(f"{where}: duplicate spanID {sp['spanID']}")
+        seen.add(sp["spanID"])
+        if not isinstance(sp["startTime"], int) or not isinstance(sp["duration"], int):
+            raise JaegerFormatError(
+                f"{path}: {where}: startTime/duration must be integer microseconds"
+            )
+    for sp in tr["spans"]:
+        for ref in sp.get("references") or []:
+            where = f"trace {tr['traceID']} span {sp['spanID']}"
+            _check_id(path, where, "reference spanID", ref.get("spanID"), 16)
+            if (
+                ref.get("refType") == "CHILD_OF"
+                and ref.get("traceID", tr["traceID"]) == tr["traceID"]
+                and ref["spanID"] not in seen
+            ):
+                out.warnings.append(f"{where}: parent {ref['spanID']} is missing")
+    out.traces.append(tr)
+    out.spans += len(tr["spans"])
+
+
+def read_jaeger_json(path: str | os.PathLike[str]) -> JaegerFile:
+    """Read a Jaeger JSON file (`{"data": [...]}` or one bare trace; gzipped or not) and
+    check it. Warnings are returned and logged.
+
+    Raises:
+        JaegerFormatError: not JSON, or not the Jaeger trace format.
+    """
+    try:
+        doc = msgspec.json.decode(read_all(path))
+    except msgspec.DecodeError as e:
+        raise JaegerFormatError(f"{path}: not JSON ({e}); expected Jaeger JSON") from None
+    traces = doc.get("data") if isinstance(doc, dict) and "data" in doc else [doc]
+    if not isinstance(traces, list):
+        raise JaegerFormatError(f'{path}: expected Jaeger JSON: {{"data": [traces]}}')
+    out = JaegerFile([])
+    for tr in traces:
+        _check_trace(path, tr, out)
+    for w in out.warnings:
+        log.warning("chiptrace: %s: %s", path, w)
+    return out
 
 
 def _tags(tags: Any) -> dict[str, Any]:
@@ -38,16 +125,15 @@ def _id(path: Path, value: Any, size: int, what: str) -> bytes:
     raise TraceFormatError(f"{path}: {what}={value!r}: expected up to {size * 2} hex digits")
 
 
-def _span(path: Path, sp: dict[str, Any], processes: dict[str, Any]) -> dict[str, Any]:
-    for key in ("traceID", "spanID", "operationName", "startTime", "duration"):
-        if key not in sp:
-            raise TraceFormatError(f"{path}: a span without {key!r}; expected Jaeger JSON spans")
-    trace = _id(path, sp["traceID"], 16, "traceID")
+def _span(
+    path: Path, sp: dict[str, Any], trace_id: str, processes: dict[str, Any]
+) -> dict[str, Any]:
+    trace = _id(path, sp.get("traceID") or trace_id, 16, "traceID")
     attrs = _tags(sp.get("tags"))
     parent, links = None, []
     for ref in sp.get("references") or []:
         rid = _id(path, ref.get("spanID"), 8, "reference spanID")
-        rtrace = _id(path, ref.get("traceID") or sp["traceID"], 16, "reference traceID")
+        rtrace = _id(path, ref.get("traceID") or trace.hex(), 16, "reference traceID")
         if ref.get("refType") == "CHILD_OF" and parent is None and rtrace == trace:
             parent = rid
         else:
@@ -110,21 +196,13 @@ def read_jaeger(path: Path, facts: FileFacts) -> Iterator[pa.RecordBatch]:
     Raises:
         TraceFormatError: not JSON, or not Jaeger's trace shape.
     """
-    try:
-        doc = msgspec.json.decode(read_all(path))
-    except msgspec.DecodeError as e:
-        raise TraceFormatError(f"{path}: malformed JSON ({e}); expected Jaeger JSON") from None
-    traces = doc.get("data") if isinstance(doc, dict) and "data" in doc else [doc]
-    if not isinstance(traces, list) or not all(isinstance(t, dict) for t in traces):
-        raise TraceFormatError(f'{path}: expected Jaeger JSON: {{"data": [traces]}}')
     spans: list[dict[str, Any]] = []
-    for tr in traces:
-        if not isinstance(tr.get("spans"), list):
-            raise TraceFormatError(f"{path}: a trace without a 'spans' list; expected Jaeger JSON")
-        procs = tr.get("processes") if isinstance(tr.get("processes"), dict) else {}
+    for tr in read_jaeger_json(path).traces:
+        raw_procs = tr.get("processes")
+        procs: dict[str, Any] = raw_procs if isinstance(raw_procs, dict) else {}
         facts.events += len(tr["spans"])
         for sp in tr["spans"]:
-            spans.append(_span(path, sp, procs))
+            spans.append(_span(path, sp, tr["traceID"], procs))
             if len(spans) >= _BATCH:
                 yield _batch(spans)
                 spans = []

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,11 +26,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 import chiptrace
-from chiptrace._otel import span_attributes
+from chiptrace._attributes import attributes as span_attributes
 from chiptrace.collector.receiver import OtlpReceiver
 from chiptrace.collector.service import CollectOptions, CollectSummary
 from chiptrace.collector.service import Collector as CollectService
 from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
+from tests.waiting import wait_until
 
 SENDER = Path(__file__).with_name("sdk_sender.py")
 GRPC_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -360,9 +360,7 @@ def test_a_signal_keeps_every_acknowledged_span(
     threads = [threading.Thread(target=client, args=(1 + k * 10_000_000,)) for k in range(3)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 120
-    while len(acked) < 1000 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(acked) >= 1000, "1000 acknowledged spans", timeout_s=120)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)  # drain stderr: a full pipe would block the collector
     stop.set()

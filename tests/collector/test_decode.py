@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 import chiptrace
-from chiptrace._otel import span_attributes
+from chiptrace._attributes import attributes as span_attributes
 from chiptrace.collector.decode import DecodeError, decode, decode_any_value
 from chiptrace.collector.wire import MAX_CACHED_BYTES, Caches, SpanReader
 from chiptrace.schema import COLUMNS, chip_type_of

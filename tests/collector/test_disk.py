@@ -29,7 +29,8 @@ from tests.collector.test_collect import (
     stored,
     stored_count_said,
 )
-from tests.collector.test_spool import spans, stored_ids, wait_for
+from tests.collector.test_spool import spans, stored_ids
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -111,12 +112,12 @@ def test_a_write_that_hits_a_full_disk_is_kept_and_retried(small_disk: Path) -> 
     filler = small_disk / "filler"
     fill(filler)
     spool.offer(spans(1, 50, attributes=["z" * 4096] * 50))
-    wait_for(lambda: spool.last_error, "a write to fail")
+    wait_until(lambda: spool.last_error, "a write to fail")
     assert "No space left" in spool.last_error
     with pytest.raises(StoreUnavailable, match="cannot write"):
         spool.offer(spans(500, 1))
     filler.unlink()
-    wait_for(lambda: spool.pending == 0, "the retry to write the spans")
+    wait_until(lambda: spool.pending == 0, "the retry to write the spans")
     spool.offer(spans(600, 3))
     spool.close()
     assert (spool.stored, spool.unwritten) == (53, 0)

@@ -7,7 +7,6 @@ import json
 import logging
 import socket
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from chiptrace.collector.receiver import OtlpReceiver
 from chiptrace.collector.spool import StoreUnavailable
 from tests.collector.test_collect import GRPC_METHOD, Collector, post, sample_request, stored
 from tests.collector.test_decode import _len
+from tests.waiting import wait_until
 
 HEAD = "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
 
@@ -97,10 +97,7 @@ def test_stalled_clients_are_closed_and_release_their_threads(collector: Collect
         while s.recv(4096):
             pass
         s.close()
-    deadline = time.monotonic() + 30
-    while collector.receiver.http_connections and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert collector.receiver.http_connections == 0
+    wait_until(lambda: not collector.receiver.http_connections, "connections to close")
     assert post(collector.url, sample_request(2, 9))[0] == 200  # and it still serves
 
 
@@ -189,9 +186,7 @@ def test_connections_past_the_cap_get_503(tmp_path: Path) -> None:
     c = Collector(tmp_path / "cap", max_connections=3)
     idle = [socket.create_connection(("127.0.0.1", c.receiver.http_port)) for _ in range(3)]
     try:
-        deadline = time.monotonic() + 30
-        while c.receiver.http_connections < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: c.receiver.http_connections >= 3, "three open connections")
         assert exchange(c.receiver.http_port, b"")[0] == 503
     finally:
         for s in idle:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from chiptrace._otel import span_attributes
+from chiptrace._attributes import attributes as span_attributes
 from tests.collector.test_collect import Collector, stored
 
 HERE = Path(__file__).resolve().parent

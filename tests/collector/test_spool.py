@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +19,7 @@ from chiptrace.collector.sink import (
 from chiptrace.collector.spool import PartialWrite, Spool, SpoolLimits, StoreUnavailable
 from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
 from chiptrace.store import PartWriter
+from tests.waiting import wait_until
 
 
 def spans(first: int, n: int, **columns: object) -> pa.RecordBatch:
@@ -38,14 +38,6 @@ def spans(first: int, n: int, **columns: object) -> pa.RecordBatch:
 def stored_ids(out: Path) -> list[int]:
     con = chiptrace.connect(out)
     return sorted(int(r[0], 16) for r in con.sql("SELECT span_id FROM spans").fetchall())
-
-
-def wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 class FlakySink:
@@ -67,11 +59,11 @@ def test_a_failed_write_is_kept_retried_and_refuses_meanwhile(tmp_path: Path) ->
     sink = FlakySink(PartWriter(tmp_path / "t"), failures=1)
     spool = Spool(sink, SpoolLimits(flush_interval_s=0.01))
     spool.offer(spans(1, 10))
-    wait_for(lambda: spool.last_error, "the first write to fail")
+    wait_until(lambda: spool.last_error, "the first write to fail")
     with pytest.raises(StoreUnavailable, match="No space left") as refused:
         spool.offer(spans(100, 1))
     assert refused.value.retry_after_s >= 1
-    wait_for(lambda: spool.pending == 0, "the retry")
+    wait_until(lambda: spool.pending == 0, "the retry")
     assert spool.stored == 10
     spool.offer(spans(200, 5))  # writable again: accepted
     spool.close()

@@ -80,3 +80,16 @@ def test_cli_bad_input_is_one_line(two_dirs, tmp_path, capsys, args, message):
     assert main(["query", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_format_cell_is_the_one_cell_formatter() -> None:
+    from chiptrace.query import format_cell
+
+    assert [format_cell(v) for v in (None, b"\x00\xab", 1 / 3, 7, "x")] == [
+        "NULL",
+        "00ab",
+        "0.333333",
+        "7",
+        "x",
+    ]
+    assert format_cell(None, null="") == ""

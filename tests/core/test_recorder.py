@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import weakref
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from opentelemetry.trace import StatusCode
 import chiptrace
 from chiptrace.schema import empty_batch
 from chiptrace.store import PartWriter, part_files, read_manifests
+from tests.waiting import wait_until
 
 # The main thread is inside flush() nearly all the time (the sink is slow and holds the
 # flush lock), so a SIGTERM handler that flushed would wait on that lock forever.
@@ -55,9 +55,7 @@ def test_sigterm_while_the_main_thread_flushes_never_hangs(tmp_path: Path) -> No
         assert p.stdout.readline().strip() == "ready"
         procs.append((p, out))
     for p, out in procs:
-        deadline = time.monotonic() + 20
-        while len(part_files(out)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda out=out: len(part_files(out)) >= 2, "two parts")
         p.send_signal(signal.SIGTERM)
     for p, out in procs:
         try:

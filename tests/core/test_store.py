@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,6 +15,7 @@ import chiptrace
 from chiptrace.cli import main
 from chiptrace.schema import SCHEMA_VERSION_KEY, SPAN_SCHEMA
 from chiptrace.store import check_part, part_files
+from tests.waiting import wait_until
 
 
 def _spans(n: int, name: str = "op") -> None:
@@ -125,9 +125,7 @@ def _start_child(out: Path, interval: float) -> subprocess.Popen:
 def test_sigkill_mid_run_leaves_only_complete_parts(tmp_path):
     out = tmp_path / "killed"
     proc = _start_child(out, 0.05)
-    deadline = time.time() + 20
-    while len(part_files(out)) < 5 and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(part_files(out)) >= 5, "five parts", timeout_s=60)
     proc.kill()
     proc.wait()
     parts = part_files(out)
@@ -140,7 +138,8 @@ def test_sigkill_mid_run_leaves_only_complete_parts(tmp_path):
 def test_sigterm_flushes_what_is_buffered(tmp_path):
     out = tmp_path / "termed"
     proc = _start_child(out, 3600)  # only size and exit flush
-    time.sleep(0.5)
+    # a size flush has landed, and the child is filling the next buffer
+    wait_until(lambda: part_files(out), "a first part", timeout_s=60)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=20)
     assert proc.returncode == -signal.SIGTERM

@@ -19,7 +19,7 @@ def test_rack6_has_all_six_chip_types_and_valid_link_ids():
     assert set(Counter(c.type for c in topo.chips.values())) == set(CHIP_TYPES)
     for lk in topo.links:
         parsed = parse_link(lk.id)
-        assert (parsed.type, parsed.src, parsed.dst) == (lk.type, lk.a, lk.b)
+        assert (parsed.type, parsed.src, parsed.dst) == (lk.type, lk.src, lk.dst)
 
 
 def test_nvl72_and_pcie8_shapes():

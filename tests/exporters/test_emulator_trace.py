@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from chiptrace.cli import main
-from chiptrace.exporters.jaeger import read_jaeger_json
+from chiptrace.importers.jaeger import read_jaeger_json
 from tests.exporters.conftest import Receiver, stored_rows
 from tests.exporters.test_chrome import assert_strict_nesting, export_chrome, thread_names
 from tests.exporters.test_otlp import assert_received_as_stored

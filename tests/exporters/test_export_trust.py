@@ -12,7 +12,7 @@ import pytest
 
 from chiptrace.cli import main
 from chiptrace.emulator import emulate
-from chiptrace.exporters.jaeger import read_jaeger_json
+from chiptrace.importers.jaeger import read_jaeger_json
 from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
 from chiptrace.store import PartWriter
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chiptrace.cli import main
-from chiptrace.exporters.jaeger import JaegerFormatError, read_jaeger_json
+from chiptrace.importers.jaeger import JaegerFormatError, read_jaeger_json
 from tests.exporters.conftest import stored_rows
 
 # shared/ sits beside the checkout (here and in CI's fresh clone).

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import chiptrace
-from chiptrace._otel import span_attributes
+from chiptrace._attributes import attributes as span_attributes
 from chiptrace.cli import main
 from chiptrace.collector.decode import decode_any_value
 from tests.exporters.conftest import Receiver, stored_rows

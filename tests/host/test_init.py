@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import chiptrace
 from chiptrace import api, config
 from chiptrace.errors import ConfigError
 from chiptrace.store import PartWriter, read_manifests
+from tests.waiting import wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -35,10 +35,11 @@ def test_init_sample_host_writes_spans_and_metrics_in_one_run(tmp_path: Path) ->
 
     @chiptrace.trace(chip="cpu:0")
     def step() -> None:
-        time.sleep(0.01)
+        pass
 
     for _ in range(20):
         step()
+    wait_until(lambda: sampler.ticks >= 2, "two samples")
     chiptrace.shutdown()
     assert api._STATE.sampler is None and not sampler.running
     con = chiptrace.connect(tmp_path)

@@ -4,7 +4,6 @@ figures where there is a GPU (that test skips elsewhere)."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from chiptrace.host import HostSampler
 from chiptrace.host.nvml import counter_rate, open_nvml
 from tests.host.conftest import metric_rows
+from tests.waiting import wait_until
 
 
 def _nvml_gpu_present() -> bool:
@@ -28,7 +28,7 @@ HAVE_GPU = _nvml_gpu_present()
 def _sample_briefly(directory: Path, **kwargs) -> HostSampler:
     s = HostSampler(directory, interval=0.02, **kwargs).start()
     assert s.wait_ready()
-    time.sleep(0.4)
+    wait_until(lambda: s.ticks >= 5, "five samples")
     s.stop()
     return s
 

@@ -5,15 +5,16 @@ one these lines would run only on GPU hosts. test_nvml.py checks the real librar
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from chiptrace.host import HostSampler
+from chiptrace.host import nvml as nvml_module
 from chiptrace.host.nvml import open_nvml
 from tests.host.conftest import metric_rows
+from tests.waiting import wait_until
 
 
 class NVMLError(Exception):
@@ -27,7 +28,7 @@ class FakeNvml:
     NVMLError = NVMLError
 
     def __init__(self) -> None:
-        self.t0 = time.monotonic()
+        self.clock = 0.0  # seconds on the fake's own clock: counters grow with it, not wall time
         self.shutdowns = 0
         self.temperature_calls = 0
 
@@ -70,7 +71,7 @@ class FakeNvml:
         return 2_000  # KB/s
 
     def nvmlDeviceGetFieldValues(self, h: int, fields: list[tuple[int, int]]) -> list:
-        elapsed = time.monotonic() - self.t0
+        elapsed = self.clock
         out = []
         for fid, _link in fields:
             if h == 1:  # no counters on this one
@@ -98,29 +99,40 @@ def test_open_reports_driver_and_gpus(fake: FakeNvml) -> None:
     assert fake.shutdowns == 1
 
 
-def test_figures_rates_and_fallbacks(fake: FakeNvml, tmp_path: Path, chiptrace_log) -> None:
-    with HostSampler(tmp_path, interval=0.05) as s:
-        assert s.wait_ready()
-        time.sleep(0.6)
-    assert s.nvml_status.startswith("NVML driver")
-    assert not [m for m in chiptrace_log.messages() if "NVML" in m]  # nothing to warn about
-    rows = metric_rows(tmp_path, "chip_type = 'gpu'")
+def test_counters_become_rates_and_the_fallback_is_rate_limited(
+    fake: FakeNvml, monkeypatch
+) -> None:
+    # The probe on its own, its clock the fake's: rates are exact, whatever the machine's load.
+    monkeypatch.setattr(nvml_module, "time", SimpleNamespace(monotonic=lambda: fake.clock))
+    probe, _ = open_nvml()
     by: dict[tuple[str, str], list[float]] = {}
-    for r in rows:
-        by.setdefault((r["chip_id"], r["metric"]), []).append(r["value"])
-        assert r["device"] == "Fake H200" and r["source"] == "real"
+    for _ in range(12):  # 12 readings 0.25 s apart on the fake clock: 3 s
+        for r in probe.sample(0.25):
+            by.setdefault((r.chip_id, r.metric), []).append(r.value)
+        fake.clock += 0.25
+    # counters become rates: the first reading gives none, then 1 GB/s and 2 x 10 MiB/s
+    assert by[("gpu:0", "pcie.tx_bytes_per_s")] == [pytest.approx(1e9)] * 11
+    assert by[("gpu:0", "nvlink.rx_bytes_per_s")] == [pytest.approx(2 * 10 * 2**20)] * 11
+    # gpu:1 has no counters: PCIe from the throughput call, at most once a second, no NVLink
+    assert by[("gpu:1", "pcie.rx_bytes_per_s")] == [2_000 * 1024.0] * 3  # at 0, 1 and 2 s
+    assert ("gpu:1", "nvlink.tx_bytes_per_s") not in by
     assert set(by[("gpu:0", "gpu.util")]) == {75.0}
     assert set(by[("gpu:1", "gpu.power")]) == {350.0}  # watts
     assert set(by[("gpu:0", "gpu.mem_total")]) == {141 * 2**30}
     assert fake.temperature_calls == 2  # once per GPU, then left out
     assert ("gpu:0", "gpu.temperature") not in by
-    # counters become rates: the first reading gives none, then ~1 GB/s and 2 x 10 MiB/s
-    pcie = by[("gpu:0", "pcie.tx_bytes_per_s")]
-    assert len(pcie) >= 3 and all(0.5e9 < v < 2e9 for v in pcie)
-    nvlink = by[("gpu:0", "nvlink.rx_bytes_per_s")]
-    assert all(10e6 < v < 80e6 for v in nvlink)
-    # gpu:1 has no counters: PCIe from the throughput call, at most once a second, no NVLink
-    fallback = by[("gpu:1", "pcie.rx_bytes_per_s")]
-    assert set(fallback) == {2_000 * 1024.0} and len(fallback) < len(pcie)  # rate-limited
-    assert ("gpu:1", "nvlink.tx_bytes_per_s") not in by
+    probe.close()
+
+
+def test_sampler_stores_nvml_figures(fake: FakeNvml, tmp_path: Path, chiptrace_log) -> None:
+    with HostSampler(tmp_path, interval=0.02) as s:
+        assert s.wait_ready()
+        wait_until(lambda: s.ticks >= 5, "five samples")
+    assert s.nvml_status.startswith("NVML driver")
+    assert not [m for m in chiptrace_log.messages() if "NVML" in m]  # nothing to warn about
+    rows = metric_rows(tmp_path, "chip_type = 'gpu'")
+    assert {(r["device"], r["source"]) for r in rows} == {("Fake H200", "real")}
+    util = {(r["chip_id"], r["value"]) for r in rows if r["metric"] == "gpu.util"}
+    assert util == {("gpu:0", 75.0), ("gpu:1", 75.0)}
+    assert fake.temperature_calls == 2
     assert fake.shutdowns == 1

@@ -20,6 +20,7 @@ from chiptrace.host import METRICS_SCHEMA, HostSampler
 from chiptrace.host.metrics import UNITS, Sample
 from chiptrace.store import read_manifests
 from tests.host.conftest import metric_rows
+from tests.waiting import wait_until
 
 PIN = hasattr(os, "sched_setaffinity")  # Linux: keep the burn on the CPU we watch
 BURN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n"
@@ -46,8 +47,9 @@ def _burn_contrast(tmp: Path) -> tuple[float, float, float]:
     child then spins on (pinned where the OS allows)."""
     with HostSampler(tmp, interval=0.05, nvml=False) as s:
         assert s.wait_ready()
-        t0, ref0 = time.time_ns(), psutil.cpu_times(percpu=True)
-        time.sleep(0.8)
+        # Sample timestamps are wall-clock ns: these bound the windows, they time nothing.
+        t0, ref0, ticks = time.time_ns(), psutil.cpu_times(percpu=True), s.ticks
+        wait_until(lambda: s.ticks >= ticks + 16, "0.8 s of samples")
         t1, ref1 = time.time_ns(), psutil.cpu_times(percpu=True)
         ref = _reference_util(ref0, ref1)
         cpu = min(range(len(ref)), key=ref.__getitem__)
@@ -95,7 +97,8 @@ def test_loopback_bytes_show_on_lo(tmp_path: Path) -> None:
                 c.sendall(payload)
         t.join(10)
         server.close()
-        time.sleep(0.1)
+        ticks = s.ticks  # two more readings: the last bytes are counted
+        wait_until(lambda: s.ticks >= ticks + 2, "two samples after the traffic")
     assert sum(received) == n * len(payload)
     rows = metric_rows(tmp_path, "device = 'lo'")
     assert rows, "no samples for the loopback interface"
@@ -110,7 +113,7 @@ def test_loopback_bytes_show_on_lo(tmp_path: Path) -> None:
 def test_samples_carry_schema_units_source_and_run(tmp_path: Path) -> None:
     with HostSampler(tmp_path, interval=0.02, run_id="run-7", service="svc", nvml=False) as s:
         assert s.wait_ready()
-        time.sleep(0.3)
+        wait_until(lambda: s.ticks >= 5, "five samples")
     parts = sorted((tmp_path / "metrics").glob("part-*.parquet"))
     assert parts and not list((tmp_path / "metrics").glob(".*"))
     table = pq.read_table(parts[0])
@@ -152,7 +155,7 @@ def test_metrics_view_is_empty_with_columns_when_no_samples(tmp_path: Path) -> N
 def test_a_dir_with_only_metrics_is_queryable(tmp_path: Path) -> None:
     with HostSampler(tmp_path, interval=0.02, nvml=False) as s:
         s.wait_ready()
-        time.sleep(0.1)
+        wait_until(lambda: s.ticks >= 2, "two samples")
     con = chiptrace.connect(tmp_path)  # no spans: still a trace
     assert con.execute("SELECT count(*) FROM metrics").fetchone()[0] > 0
     assert con.execute("SELECT count(*) FROM spans").fetchone()[0] == 0
@@ -177,7 +180,8 @@ def test_a_failing_probe_is_logged_once_and_left_out(tmp_path: Path, chiptrace_l
     assert s.wait_ready()
     broken = _Broken()
     s.probes.append(broken)
-    time.sleep(0.3)
+    ticks = s.ticks
+    wait_until(lambda: broken.calls and s.ticks >= max(5, ticks + 2), "ticks after the failure")
     s.stop()
     assert broken.calls == 1
     assert [m for m in chiptrace_log.messages() if "broken" in m] == [
@@ -190,7 +194,9 @@ def test_write_failure_never_reaches_the_program(tmp_path: Path, chiptrace_log) 
     s = HostSampler(tmp_path / "t", interval=0.02, nvml=False, flush_interval_s=0.05).start()
     assert s.wait_ready()
     (tmp_path / "t" / "metrics").rename(tmp_path / "gone")  # parts cannot land any more
-    time.sleep(0.3)
+    wait_until(lambda: s.rows_dropped > 0, "a failed write")
+    ticks = s.ticks  # at 50 ms flushes, a few more failures: still one warning
+    wait_until(lambda: s.ticks >= ticks + 8, "more ticks")
     s.stop()
     assert s.rows_dropped > 0
     assert sum("could not write host metrics" in m for m in chiptrace_log.messages()) == 1
@@ -220,7 +226,7 @@ def test_chip_utilization_lists_every_real_cpu(tmp_path: Path) -> None:
 
     with HostSampler(tmp_path, interval=0.02, nvml=False) as s:
         s.wait_ready()
-        time.sleep(0.2)
+        wait_until(lambda: s.ticks >= 15, "0.3 s of samples")
     con = chiptrace.connect(tmp_path)
     rows = chip_utilization(con).to_pylist()
     assert [r["chip_id"] for r in rows] == [f"cpu:{i}" for i in range(psutil.cpu_count())]
@@ -250,13 +256,9 @@ class _Garbage:
 def test_a_sampler_bug_stops_the_sampler_not_the_program(tmp_path: Path, chiptrace_log) -> None:
     s = HostSampler(tmp_path, interval=0.02, nvml=False).start()
     assert s.wait_ready()
-    deadline = time.monotonic() + 5
-    while s.ticks < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: s.ticks >= 2, "two samples")
     s.probes.append(_Garbage())
-    while s._thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not s._thread.is_alive()
+    wait_until(lambda: not s._thread.is_alive(), "the sampler thread to stop")
     assert any("host sampler stopped: ValueError" in m for m in chiptrace_log.messages())
     s.stop()  # still writes what it had and the manifest
     assert s.rows_written > 0

@@ -93,3 +93,20 @@ async def test_sql_console_runs_and_shows_errors(rack_dir: Path) -> None:
         assert box.value == "selec nonsense"
         await pilot.press("up")
         assert box.value == "select count(*) as n from spans"
+
+
+def test_critical_path_is_the_reports_or_an_error(rack_dir: Path) -> None:
+    from chiptrace.analysis.critical_path import critical_path
+    from chiptrace.viewer.queries import LiveStore, critical_span_ids
+
+    store = LiveStore(rack_dir)
+    trace = store.traces()["trace_id"][0].as_py()
+    spans = store.trace_spans(trace)
+    ids, error = critical_span_ids(spans)
+    want = {s.span_id for s in critical_path(spans.to_pylist()).segments if s.span_id}
+    assert error is None and ids == want and ids
+    store.close()
+    # Input the analysis cannot walk: no path, and the reason for the status line (there is
+    # no second, simpler walk to fall back on).
+    ids, error = critical_span_ids(pa.table({"span_id": ["a"], "name": ["x"]}))
+    assert ids == set() and error and error.startswith("KeyError")

@@ -189,18 +189,25 @@ async def test_emulator_feeds_the_viewer_in_process(tmp_path: Path) -> None:
         assert "nvlink6:gpu:7-switch:0" not in high  # a hop after it: slow, not the culprit
 
 
-def test_replay_paces_a_finished_trace(rack_dir: Path) -> None:
+def test_replay_paces_a_finished_trace(rack_dir: Path, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from chiptrace.viewer import sources
     from chiptrace.viewer.sources import DirSource
 
+    # Replay paces to the wall clock; here the clock is the test's, so load cannot bunch polls.
+    clock = [0.0]
+    monkeypatch.setattr(sources, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     total = chiptrace.connect(rack_dir).sql("SELECT count(*) FROM spans").fetchall()[0][0]
     src, feed = DirSource(rack_dir, replay=2.0), SpanFeed()  # the 1 s trace in 0.5 s
     src.poll(feed)
     first = sum(b.num_rows for b in feed.drain())
     assert first < total / 4  # only what ended in the first instant
     seen, ends = first, []
-    deadline = time.monotonic() + 5
-    while seen < total and time.monotonic() < deadline:
-        time.sleep(0.05)
+    for _ in range(100):  # 5 s of the test's clock, 0.05 s a poll
+        if seen == total:
+            break
+        clock[0] += 0.05
         src.poll(feed)
         for b in feed.drain():
             seen += b.num_rows
@@ -234,8 +241,7 @@ def test_cli_view_otlp_no_ui_receives_until_interrupted(tmp_path: Path) -> None:
     try:
         line = proc.stdout.readline()
         port = int(re.search(r":(\d+)/v1/traces", line).group(1))
-        _send_spans(port, 4)
-        time.sleep(0.5)
+        _send_spans(port, 4)  # returns once acknowledged: the spans are in the feed
         proc.send_signal(signal.SIGINT)
         rest = proc.communicate(timeout=30)[0]
     finally:

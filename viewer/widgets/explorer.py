@@ -10,6 +10,7 @@ import pyarrow as pa
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.markup import escape
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
@@ -29,9 +30,10 @@ class Explorer(Vertical):
             super().__init__()
 
     class TraceLoaded(Message):
-        def __init__(self, trace_id: str, rows: WaterfallRows) -> None:
+        def __init__(self, trace_id: str, rows: WaterfallRows, error: str | None) -> None:
             self.trace_id = trace_id
             self.rows = rows
+            self.error = error  # why the critical path is missing, if it is
             super().__init__()
 
     class Failed(Message):
@@ -80,8 +82,9 @@ class Explorer(Vertical):
     def _load_trace(self, store: LiveStore, trace_id: str) -> None:
         try:
             spans = store.trace_spans(trace_id)
-            rows = WaterfallRows(spans, critical_span_ids(spans))
-            self.post_message(self.TraceLoaded(trace_id, rows))
+            critical, error = critical_span_ids(spans)
+            rows = WaterfallRows(spans, critical)
+            self.post_message(self.TraceLoaded(trace_id, rows, error))
         except ChiptraceError as e:
             self.post_message(self.Failed(str(e)))
 
@@ -95,9 +98,14 @@ class Explorer(Vertical):
     def on_explorer_trace_loaded(self, msg: TraceLoaded) -> None:
         n = int((msg.rows.rows >= 0).sum())
         crit = int(msg.rows.critical.sum())
+        path = (
+            f"[$error]critical path failed: {escape(msg.error)}[/]"
+            if msg.error
+            else f"[$error]◆[/] {crit} on the critical path"
+        )
         self._status(
-            f"trace [b]{msg.trace_id[:16]}[/]  {n:,} spans  "
-            f"[$error]◆[/] {crit} on the critical path  [$text-muted]\\[ ] zoom · c next ◆[/]"
+            f"trace [b]{msg.trace_id[:16]}[/]  {n:,} spans  {path}  "
+            "[$text-muted]\\[ ] zoom · c next ◆[/]"
         )
         self.query_one(Waterfall).load(msg.rows)
 

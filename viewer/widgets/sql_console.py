@@ -11,6 +11,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Static
 
 from chiptrace.errors import ChiptraceError
+from chiptrace.query import format_cell
 from chiptrace.viewer.queries import LiveStore
 
 MAX_ROWS = 1000  # rows drawn; DataTable is not for millions, and LIMIT is the user's tool
@@ -101,7 +102,7 @@ class SqlConsole(Vertical):
         grid.clear(columns=True)
         grid.add_columns(*table.column_names)
         for row in table.slice(0, MAX_ROWS).to_pylist():
-            grid.add_row(*(_cell(v) for v in row.values()))
+            grid.add_row(*(format_cell(v, null="") for v in row.values()))
         more = f" (first {MAX_ROWS:,} shown)" if table.num_rows > MAX_ROWS else ""
         self.remove_class("-error")
         self.query_one("#sql-status", Static).update(f"[$success]{table.num_rows:,} rows{more}[/]")
@@ -111,11 +112,3 @@ class SqlConsole(Vertical):
 
         self.add_class("-error")
         self.query_one("#sql-status", Static).update(f"[b $error]{escape(error)}[/]")
-
-
-def _cell(v: object) -> str:
-    if isinstance(v, bytes):
-        return v.hex()
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return "" if v is None else str(v)

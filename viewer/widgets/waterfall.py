@@ -21,6 +21,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from chiptrace.schema import chip_type_of
 from chiptrace.viewer.render import human_ns
 
 LABEL_MAX = 28
@@ -49,12 +50,7 @@ class WaterfallRows:
         lane_idx = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         # Chips first, then links, then spans on neither (roots, host code).
         kind = np.array(
-            [
-                0
-                if not str(x).startswith("(") and ":" in str(x) and str(x).split(":")[0] in _CHIPS
-                else (2 if str(x).startswith("(") else 1)
-                for x in names
-            ]
+            [0 if chip_type_of(x) else (2 if str(x).startswith("(") else 1) for x in names]
         )
         lane_order = np.lexsort((names.astype(str), kind))
         rank = np.empty_like(lane_order)
@@ -101,9 +97,6 @@ class WaterfallRows:
         row = self.spans.slice(i, 1).to_pylist()[0]
         row["_critical"] = bool(self.critical[i])
         return row
-
-
-_CHIPS = ("gpu", "cpu", "dpu", "npu", "nic", "switch")
 
 
 class Waterfall(ScrollView, can_focus=True):

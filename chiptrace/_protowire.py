@@ -1,4 +1,8 @@
-"""Protocol Buffers wire format, the few pieces OTLP needs.
+"""Protocol Buffers wire format, both directions: the few pieces OTLP needs.
+
+The one hand-written protobuf codec: varints, tags, lengths and fields, written by the OTLP
+exporter (and the collector's gRPC trailers) and read by the collector (`read_varint`,
+`fields`; its span scanners in collector/_pbwire.py build on them).
 
 The OTLP encoder writes `Span`, `KeyValue` and `AnyValue` bytes itself instead of filling
 generated message objects: a message object costs microseconds per field, while most of a
@@ -13,6 +17,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from typing import Any
+
+from chiptrace.errors import ChiptraceError
 
 _U64 = (1 << 64) - 1
 
@@ -45,6 +51,11 @@ def field(tag: bytes, payload: bytes) -> bytes:
 def tag(number: int, wire_type: int) -> bytes:
     """The key of a field: `number << 3 | wire_type`, as a varint."""
     return varint(number << 3 | wire_type)
+
+
+def message_field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field by number (for the few messages not on a hot path)."""
+    return field(tag(number, 2), payload)
 
 
 # AnyValue (common.proto): string_value=1, bool_value=2, int_value=3, double_value=4,
@@ -84,3 +95,58 @@ def key_values(attrs: Mapping[str, Any], field_tag: bytes) -> bytes:
     if not isinstance(attrs, Mapping):
         return b""
     return b"".join(field(field_tag, key_value(k, v)) for k, v in attrs.items())
+
+
+# ---------------------------------------------------------------- reading
+
+
+class WireError(ChiptraceError):
+    """Bytes that are not a well-formed protobuf message."""
+
+
+def read_varint(buf: bytes, i: int) -> tuple[int, int]:
+    """The varint at `buf[i]` and the offset after it."""
+    b = buf[i]
+    if b < 0x80:
+        return b, i + 1
+    result, shift = b & 0x7F, 7
+    while True:
+        i += 1
+        b = buf[i]
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, i + 1
+        shift += 7
+        if shift > 63:
+            raise WireError("varint longer than 10 bytes")
+
+
+def fields(buf: bytes, start: int, end: int) -> Any:
+    """Yield (field number, wire type, value or (lo, hi) slice bounds) over a message."""
+    i = start
+    while i < end:
+        key, i = read_varint(buf, i)
+        num, wt = key >> 3, key & 7
+        if wt == 2:
+            n, i = read_varint(buf, i)
+            if i + n > end:
+                raise WireError(f"field {num} runs {i + n - end} bytes past its message")
+            yield num, 2, (i, i + n)
+            i += n
+        elif wt == 0:
+            v, i = read_varint(buf, i)
+            yield num, 0, v
+        elif wt == 1:
+            if i + 8 > end:
+                raise WireError(f"field {num} is cut short")
+            yield num, 1, int.from_bytes(buf[i : i + 8], "little")
+            i += 8
+        elif wt == 5:
+            if i + 4 > end:
+                raise WireError(f"field {num} is cut short")
+            yield num, 5, int.from_bytes(buf[i : i + 4], "little")
+            i += 4
+        else:
+            raise WireError(f"field {num} has unsupported wire type {wt}")
+    if i != end:
+        raise WireError("a message runs past its end")

@@ -1,8 +1,10 @@
-"""A stored span's OpenTelemetry view, row by row: attributes, events, links.
+"""A stored span's OpenTelemetry view, row by row: attributes, events, links, resource.
 
-The file exporters (Jaeger JSON, Chrome JSON) work on rows; the OTLP encoder has its own
-columnar path. Both give the same attributes: typed chip/link/op columns turned back into
-`chip.id`, `link.type`, ... and the JSON `attributes` column with its JSON types.
+The one stored row -> OTel mapping: the SDK bridge (`_otel.py`) and the file exporters
+(Jaeger JSON, Chrome JSON) work on rows through it; the OTLP encoder has its own columnar
+path and its tests compare against `attributes` here. Typed chip/link/op columns turn back
+into `chip.id`, `link.type`, ... over the JSON `attributes` column with its JSON types.
+Lenient: a malformed JSON column reads as empty rather than failing an export.
 """
 
 from __future__ import annotations
