@@ -55,7 +55,19 @@ def run(tool: str, root: Path) -> int:
     # put the mapped tree first so it wins over the editable install.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(mapped), env.get("PYTHONPATH")]))
     if tool == "mypy":
-        cmd = [sys.executable, "-m", "mypy", "--config-file", str(config), "-p", "chiptrace"]
+        # The cache sits beside the tree, which is rebuilt on every run: a warm run takes
+        # seconds instead of a minute.
+        cache = mapped.parent / "mypy_cache"
+        cmd = [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(config),
+            "--cache-dir",
+            str(cache),
+        ]
+        cmd += ["-p", "chiptrace"]
         env["MYPYPATH"] = str(mapped)
     else:
         cmd = [_lint_imports(), "--config", str(config)]

@@ -43,17 +43,17 @@ if TYPE_CHECKING:
     from chiptrace.lifecycle import Sampler
     from chiptrace.recorder import SpanSink
 
-Paths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+_Paths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 
-def connect(paths: Paths, **kwargs: Any) -> duckdb.DuckDBPyConnection:
+def connect(paths: _Paths, **kwargs: Any) -> duckdb.DuckDBPyConnection:
     """DuckDB over trace dir(s); see `chiptrace.query.connect`. DuckDB loads on first use."""
     from chiptrace.query import connect as _connect
 
     return _connect(paths, **kwargs)
 
 
-def import_trace(paths: Paths, out: str | os.PathLike[str], **kwargs: Any) -> ImportSummary:
+def import_trace(paths: _Paths, out: str | os.PathLike[str], **kwargs: Any) -> ImportSummary:
     """Import Kineto / Chrome / OTLP / Jaeger files into a trace dir; see
     `chiptrace.importers.import_trace`. The importers (and msgspec) load on first use."""
     from chiptrace.importers import import_trace as _import_trace

@@ -90,7 +90,9 @@ class TextSeries:
         self.fh = open(tmp, "w", encoding="utf-8", buffering=_BUFFER)  # noqa: SIM115
 
     def write(self, text: str) -> None:
-        self.fh.write(text)  # type: ignore[union-attr]
+        if self.fh is None:
+            raise RuntimeError("TextSeries.write before open()")  # a caller's bug, not data
+        self.fh.write(text)
         self.size += len(text)
         self.total += len(text)
 

@@ -29,7 +29,7 @@ import re
 import secrets
 from collections import Counter, defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -112,12 +112,12 @@ def in_window(tmp: str, where: str) -> str:
 @dataclass
 class _Family:
     name: str
-    names: Counter
+    names: Counter[str]
     spans: int = 0
     roots: int = 0
     attr: bool = False
     total_ns: float = 0.0
-    parents: Counter | None = None
+    parents: Counter[str] = field(default_factory=Counter)
 
 
 def _families(con: Any, tmp: str) -> dict[str, _Family]:
@@ -130,14 +130,14 @@ def _families(con: Any, tmp: str) -> dict[str, _Family]:
         GROUP BY ALL""").fetchall()
     fams: dict[str, _Family] = {}
     for name, parent, root, n, attr, ns in rows:
-        f = fams.setdefault(family(name), _Family(family(name), Counter(), parents=Counter()))
+        f = fams.setdefault(family(name), _Family(family(name), Counter()))
         f.names[name] += n
         f.spans += n
         f.roots += n if root else 0
         f.attr |= bool(attr)
         f.total_ns += float(ns or 0)
         if parent is not None and family(parent) != f.name:
-            f.parents[family(parent)] += n  # type: ignore[index]
+            f.parents[family(parent)] += n
     for f in fams.values():  # a lone `conv2d` keeps its name: only numbers that vary merge
         if len(f.names) == 1:
             f.name = next(iter(f.names))

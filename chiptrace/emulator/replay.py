@@ -24,6 +24,7 @@ replay's report can be diffed against the imported trace's.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +89,7 @@ class Replay:
         for g in self.gpus:
             near = ctx.network.nearest(g, cpus)
             self.host[g] = near[0] if near else None
-        self.plans: dict[tuple, collectives.Plan] = {}
+        self.plans: dict[tuple[Any, ...], collectives.Plan | None] = {}  # None: spans hosts
         self.t = 0.0
 
     def _scales(self) -> dict[str, float]:
@@ -117,9 +118,11 @@ class Replay:
             for ops in step.values():
                 for k in np.flatnonzero([c == "comm" for c in ops.cls]):
                     full = self._plan(self.src_net, self.src_gpus, ops, int(k), 1.0)
-                    if full is not None:
-                        half = self._plan(self.src_net, self.src_gpus, ops, int(k), 0.5)
-                        w = half.duration_ns - full.duration_ns  # type: ignore[union-attr]
+                    half = (
+                        self._plan(self.src_net, self.src_gpus, ops, int(k), 0.5) if full else None
+                    )
+                    if full is not None and half is not None:  # both or neither: one group
+                        w = half.duration_ns - full.duration_ns
                         latency += full.duration_ns - w
                         bandwidth += w
                         measured += float(ops.dur[k])
@@ -228,7 +231,7 @@ class Replay:
             return float(end[0]) - at
         key = (ops.collective[k], int(ops.group[k]), float(ops.nbytes[k]), ops.name[k])
         if key not in self.plans:
-            self.plans[key] = self._plan(net, self.gpus, ops, k, self.comm_eff)  # type: ignore[assignment]
+            self.plans[key] = self._plan(net, self.gpus, ops, k, self.comm_eff)
         plan = self.plans[key]
         if plan is None:  # another host's ranks: bound by the NIC bandwidth per GPU
             return d * self.nic_ratio

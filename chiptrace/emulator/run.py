@@ -182,7 +182,15 @@ def emulate(
     net = Network(
         effects.topology, effects.bandwidth, [f.target for f in parsed if f.kind == "down"]
     )
-    ctx = Context(effects.topology, net, None, precision, schedule, effects.slow, effects.delay_ns)  # type: ignore[arg-type]
+    ctx = Context(
+        effects.topology,
+        net,
+        None,  # type: ignore[arg-type]  # the span table: set once the workload validates
+        precision,
+        schedule,
+        effects.slow,
+        effects.delay_ns,
+    )
     wl = _workloads()[workload][1](ctx, cfg)  # validates (fit in memory, routes) before any file
     manifest = {
         "source": "emulator",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from typing import Protocol
 
 import psutil
@@ -62,12 +63,21 @@ class CpuProbe:
         pass
 
 
-def _total(t: psutil._common.namedtuple) -> float:  # type: ignore[name-defined]
+class _CpuTimes(Protocol):
+    """psutil's per-CPU times: a named tuple of seconds, fields varying by platform."""
+
+    @property
+    def idle(self) -> float: ...
+
+    def __iter__(self) -> Iterator[float]: ...
+
+
+def _total(t: _CpuTimes) -> float:
     # Linux counts guest time inside user/nice as well; psutil.cpu_percent drops it too.
     return sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
 
 
-def _idle(t: psutil._common.namedtuple) -> float:  # type: ignore[name-defined]
+def _idle(t: _CpuTimes) -> float:
     return t.idle + getattr(t, "iowait", 0.0)
 
 

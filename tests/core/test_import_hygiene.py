@@ -60,6 +60,26 @@ def test_the_core_gets_the_exporter_and_sampler_injected():
     assert lifecycle.EXTENSIONS.host_sampler is not None
 
 
+@pytest.mark.parametrize("registered", [True, False])
+def test_init_streams_otlp_through_the_registered_sink(tmp_path, monkeypatch, registered):
+    """chiptrace's own encoder when registered (always, by `import chiptrace`); else the
+    OpenTelemetry SDK's exporter."""
+    import chiptrace
+    from chiptrace import lifecycle
+    from chiptrace._otel import ExporterSink
+    from chiptrace.exporters.otlp import OtlpSink
+
+    if not registered:
+        monkeypatch.setattr(lifecycle.EXTENSIONS, "otlp_sink", None)
+    rec = chiptrace.init(tmp_path, otlp_endpoint="http://127.0.0.1:9")  # nothing is sent
+    try:
+        assert rec is not None
+        kinds = {type(s) for s in rec.sinks}
+        assert (OtlpSink if registered else ExporterSink) in kinds
+    finally:
+        chiptrace.shutdown()
+
+
 def test_the_contracts_hold():
     result = _contracts(REPO)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from chiptrace.viewer.model import SeriesRow
@@ -15,8 +17,8 @@ class ChipTypePanel(Panel):
     A type the source has no chips of says so, instead of drawing empty bars.
     """
 
-    def __init__(self, chip_type: str, **kwargs: object) -> None:
-        super().__init__("", id=f"chips-{chip_type}", classes="chip-panel", **kwargs)  # type: ignore[arg-type]
+    def __init__(self, chip_type: str, **kwargs: Any) -> None:
+        super().__init__("", id=f"chips-{chip_type}", classes="chip-panel", **kwargs)
         self.chip_type = chip_type
         self.border_title = chip_type.upper()
 

@@ -6,6 +6,8 @@ UI never waits on the store.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 from textual import on, work
 from textual.app import ComposeResult
@@ -41,8 +43,8 @@ class Explorer(Vertical):
             self.error = error
             super().__init__()
 
-    def __init__(self, store: LiveStore | None, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, store: LiveStore | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.store = store
         self.trace_id: str | None = None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 from textual import on, work
 from textual.app import ComposeResult
@@ -27,8 +29,8 @@ class SqlInput(Input):
         Binding("escape", "leave", "Keys"),  # the app's letter keys work again
     ]
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.history: list[str] = []
         self.pos = 0
 
@@ -57,8 +59,8 @@ class SqlConsole(Vertical):
             self.sql, self.table, self.error = sql, table, error
             super().__init__()
 
-    def __init__(self, store: LiveStore | None, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, store: LiveStore | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.store = store
 
     def compose(self) -> ComposeResult:
