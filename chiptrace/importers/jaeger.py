@@ -198,13 +198,8 @@ def read_jaeger(path: Path, facts: FileFacts) -> Iterator[pa.RecordBatch]:
     """
     spans: list[dict[str, Any]] = []
     for tr in read_jaeger_json(path).traces:
-<<<<<<< HEAD
-        found = tr.get("processes")
-        procs: dict[str, Any] = found if isinstance(found, dict) else {}
-=======
         raw_procs = tr.get("processes")
         procs: dict[str, Any] = raw_procs if isinstance(raw_procs, dict) else {}
->>>>>>> i16a
         facts.events += len(tr["spans"])
         for sp in tr["spans"]:
             spans.append(_span(path, sp, tr["traceID"], procs))
