@@ -1,17 +1,18 @@
-"""Finished span objects -> Arrow batches, off the traced program's hot path.
+"""General span rows -> Arrow batches, off the traced program's hot path.
 
-A traced call appends its finished span object to the recorder's deque (the cheapest
-thing Python can do); the writer thread turns a whole buffer of them into columns at
-once. A row is any object with these fields (chiptrace._span.Span has them):
+Most spans end as a plain row of ints (chiptrace._fastrows converts those with NumPy).
+A span that carries more (attributes, events, links, a status, a renamed or unnumbered
+site) ends as a general row, a tuple in this order:
 
-    trace_id: bytes16, span_id: int, parent_id: int (0 = root), name, kind,
-    start_ns, end_ns, status_code, status_message, tags: Tags,
-    attributes: dict | None, events: list | None, links: list | None
+    (tags, trace_hi, trace_lo, span_id, parent_id, start_ns, end_ns, name, kind,
+     status_code, status_message, attributes: dict | None, events: list | None,
+     links: list | None)
+
+The values come from user code, so each one is checked here, per span.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,21 +31,24 @@ from chiptrace.schema import (
     trace_ids_to_binary,
 )
 
-_FIELD_NAMES = (
-    "trace_id",
+# Positions in a general row after the ids and times; the first seven match a plain row.
+_RICH_FIELDS = (
+    "tags",
+    "trace_hi",
+    "trace_lo",
     "span_id",
     "parent_id",
-    "name",
-    "kind",
     "start_ns",
     "end_ns",
+    "name",
+    "kind",
     "status_code",
     "status_message",
-    "tags",
     "attributes",
     "events",
     "links",
 )
+RICH_LEN = len(_RICH_FIELDS)
 
 
 def _json_events(events: Sequence[Any]) -> str:
@@ -206,14 +210,14 @@ def _override(columns: dict[str, Any], overrides: dict[str, dict[int, Any]], n: 
 def rows_to_batch(
     rows: Sequence[Any], constants: Mapping[str, Any]
 ) -> tuple[pa.RecordBatch, dict[int, str]]:
-    """Convert finished span objects to one RecordBatch of the span schema.
+    """Convert general rows (this module's docstring) to one RecordBatch of the span schema.
 
     Each span is checked on its own, as the collector checks each value: a value that
     does not fit its column (`op.bytes="4 MiB"`, a name that is not a string, an end
     time that is not an integer) costs that span, not the buffer.
 
     Args:
-        rows: span objects with the fields in this module's docstring.
+        rows: general rows, as in this module's docstring.
         constants: per-process columns (service, host, pid, scope, resource).
 
     Returns:
@@ -222,7 +226,12 @@ def rows_to_batch(
     n = len(rows)
     if n == 0:
         return empty_batch(), {}
-    field = {f: list(map(operator.attrgetter(f), rows)) for f in _FIELD_NAMES}
+    field = {f: list(col) for f, col in zip(_RICH_FIELDS, zip(*rows))}
+    mask = (1 << 64) - 1
+    field["trace_id"] = [
+        ((h << 64) | (lo & mask)).to_bytes(16, "big")
+        for h, lo in zip(field["trace_hi"], field["trace_lo"])
+    ]
     bad: dict[int, str] = {}
     checked = _checked_columns(field, bad)
     tag_cols, uniq, tag_idx = _tag_columns(field["tags"])

@@ -12,10 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar, overload
 
 from opentelemetry import trace as otel_trace
-from opentelemetry.context import Context
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from chiptrace import _device
+from chiptrace import _device, _sites, _wrap
 from chiptrace._span import (
     _KINDS,
     _STATE,
@@ -24,10 +23,8 @@ from chiptrace._span import (
     _finish,
     _get_context,
     _open,
-    _randbits,
     _reset_context,
     _set_context,
-    _time_ns,
 )
 from chiptrace.errors import ConfigError
 from chiptrace.lifecycle import flush, get_recorder, init, shutdown
@@ -176,48 +173,28 @@ def _default_name(f: Callable[..., Any]) -> str:
 
 
 def _wrap_function(fn: Callable[P, R], name: str, tags: Tags, kind: int) -> Callable[P, R]:
-    """The hottest path in chiptrace: `_open` and the fast half of `_close` are inlined
-    here because two Python call frames cost ~0.15 us of a ~1.5 us budget."""
+    """The hottest path in chiptrace: a wrapper compiled for this function (_wrap.py)."""
+    site = _sites.site(name, tags, kind)
+    if site < 0:  # a name that is not a string, or a full site table: the general path
+        return _wrap_general(fn, name, tags, kind)
+    return _wrap.wrap(fn, site)
+
+
+def _wrap_general(fn: Callable[P, R], name: str, tags: Tags, kind: int) -> Callable[P, R]:
     state = _STATE
-    get_context, set_context, reset_context = _get_context, _set_context, _reset_context
-    span_key, time_ns, randbits, span_cls, ctx_cls = _SPAN_KEY, _time_ns, _randbits, Span, Context
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         if not state.enabled:
             return fn(*args, **kwargs)
-        ctx = get_context()
-        parent = ctx.get(span_key)
-        if parent.__class__ is span_cls:
-            span = span_cls(parent.trace_id, randbits(64) or 1, parent.span_id, name, kind, tags)
-        elif parent is None and state.remote_root is None:  # a root span
-            span = span_cls(
-                randbits(128).to_bytes(16, "big"), randbits(64) or 1, 0, name, kind, tags
-            )
-        else:  # a remote or an OpenTelemetry parent: the general path
-            span = None
-        if span is None:
-            span, token = _open(name, tags, kind)
-        else:
-            token = set_context(ctx_cls({**ctx, span_key: span}))
-            span.start_ns = time_ns()
+        span, token = _open(name, tags, kind)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
             span._fail(e)
             raise
         finally:
-            span.end_ns = time_ns()
-            try:
-                reset_context(token)
-            except ValueError:
-                pass
-            rec = state.recorder
-            if rec is not None and len(rec.rows) < rec.max_buffered:
-                rec.rows.append(span)
-            else:
-                span.end_ns, end = 0, span.end_ns
-                _finish(span, end)  # first span, or a full buffer: the slow path counts it
+            _close(span, token)
 
     return wrapper
 
@@ -259,7 +236,7 @@ def _wrap_generator(fn: Callable[P, Any], name: str, tags: Tags, kind: int) -> C
                 if span is None:
                     span, token = _open(name, tags, kind)
                 else:
-                    token = _set_context(Context({**_get_context(), _SPAN_KEY: span}))
+                    token = _set_context({**_get_context(), _SPAN_KEY: span})
                 try:
                     if to_throw is not None:
                         exc, to_throw = to_throw, None

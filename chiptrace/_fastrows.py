@@ -1,0 +1,121 @@
+"""Buffered rows -> Arrow, in slices small enough that the traced program never waits.
+
+A decorated call that sets nothing ends as a plain row, seven ints:
+
+    (site, trace_hi, trace_lo, span_id, parent_id, start_ns, end_ns)
+
+(chiptrace._sites numbers the sites). Plain rows convert with one NumPy array and a
+take per column; any other row is a general row (chiptrace._rows), checked per span.
+
+The writer thread converts a buffer slice by slice and sleeps ~0.2 ms between slices:
+a Python thread that never blocks keeps the GIL for up to the switch interval (5 ms),
+and that wait lands on whatever call the program's thread is making. A 2,048-row slice
+of plain rows holds the GIL for well under a millisecond; general rows cost ~10x more a
+row, so their slices are smaller.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from chiptrace import _sites
+from chiptrace._rows import rows_to_batch
+from chiptrace.schema import TAG_COLUMNS, batch_from_columns, ids_to_binary
+
+PLAIN_LEN = 7
+PLAIN_SLICE = 2048
+RICH_SLICE = 256
+PAUSE_S = 0.0002
+
+
+def _trace_ids(hi: np.ndarray, lo: np.ndarray) -> pa.FixedSizeBinaryArray:
+    both = np.empty((len(hi), 2), dtype=">u8")
+    both[:, 0] = hi
+    both[:, 1] = lo
+    buf = pa.py_buffer(both.tobytes())
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(hi), [None, buf])
+
+
+def _dict_column(codes: np.ndarray, dictionary: pa.Array) -> pa.DictionaryArray:
+    missing = codes < 0
+    indices = pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
+    return pa.DictionaryArray.from_arrays(indices, dictionary)
+
+
+def plain_batch(rows: Sequence[tuple[int, ...]], constants: Mapping[str, Any]) -> pa.RecordBatch:
+    """One RecordBatch from plain rows of numbered sites without static attributes."""
+    n = len(rows)
+    a = np.array(rows, dtype=np.uint64).reshape(n, PLAIN_LEN)
+    site = a[:, 0].astype(np.int32)
+    cols = _sites.columns(int(site.max()) + 1 if n else 0)
+    columns: dict[str, Any] = {
+        "trace_id": _trace_ids(a[:, 1], a[:, 2]),
+        "span_id": ids_to_binary(a[:, 3]),
+        "parent_span_id": ids_to_binary(a[:, 4], zero_is_null=True),
+        "name": _dict_column(cols.name_codes[site], cols.name_dict),
+        "kind": cols.kinds[site],
+        "start_ns": a[:, 5].view(np.int64),
+        "end_ns": a[:, 6].view(np.int64),
+        **{c: _dict_column(cols.codes[c][site], cols.dicts[c]) for c in TAG_COLUMNS},
+        **constants,
+    }
+    return batch_from_columns(columns, n)
+
+
+def _as_rich(row: tuple[int, ...]) -> tuple[Any, ...]:
+    """A plain row as a general one (its site's decorator set static attributes)."""
+    i = row[0]
+    return (_sites.TAGS[i], *row[1:], _sites.NAMES[i], _sites.KINDS[i], 0, None, None, None, None)
+
+
+def convert(
+    rows: Sequence[tuple[Any, ...]], constants: Mapping[str, Any]
+) -> tuple[list[pa.RecordBatch], dict[int, str]]:
+    """Batches for one slice of rows, and {position in the slice: why} for rows left out."""
+    plain = [r for r in rows if len(r) == PLAIN_LEN]
+    rich = [r for r in rows if len(r) != PLAIN_LEN] if len(plain) != len(rows) else []
+    out: list[pa.RecordBatch] = []
+    if plain:
+        has_attrs = _sites.columns(max(r[0] for r in plain) + 1).has_attributes
+        if has_attrs.any():
+            static = has_attrs[np.fromiter((r[0] for r in plain), np.int32, len(plain))]
+            if static.any():
+                rich += [_as_rich(r) for r, s in zip(plain, static.tolist()) if s]
+                plain = [r for r, s in zip(plain, static.tolist()) if not s]
+        if plain:
+            out.append(plain_batch(plain, constants))
+    bad: dict[int, str] = {}
+    if rich:
+        batch, bad = rows_to_batch(rich, constants)
+        out.append(batch)
+    return out, bad
+
+
+def slices(chunks: Iterable[Sequence[Any]]) -> Iterator[list[Any]]:
+    """The buffer's 1,024-row chunks regrouped into conversion slices: PLAIN_SLICE rows
+    of plain ones, RICH_SLICE rows where a chunk holds general rows."""
+    part: list[Any] = []
+    for chunk in chunks:
+        if any(len(r) != PLAIN_LEN for r in chunk):
+            if part:
+                yield part
+                part = []
+            for start in range(0, len(chunk), RICH_SLICE):
+                yield list(chunk[start : start + RICH_SLICE])
+            continue
+        part.extend(chunk)
+        if len(part) >= PLAIN_SLICE:
+            yield part
+            part = []
+    if part:
+        yield part
+
+
+def pause() -> None:
+    """Hand the GIL to the program's threads between slices."""
+    time.sleep(PAUSE_S)
