@@ -47,10 +47,10 @@ def _dict_column(codes: np.ndarray, dictionary: pa.Array) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(indices, dictionary)
 
 
-def plain_batch(rows: Sequence[tuple[int, ...]], constants: Mapping[str, Any]) -> pa.RecordBatch:
-    """One RecordBatch from plain rows of numbered sites without static attributes."""
-    n = len(rows)
-    a = np.array(rows, dtype=np.uint64).reshape(n, PLAIN_LEN)
+def plain_batch(a: np.ndarray, constants: Mapping[str, Any]) -> pa.RecordBatch:
+    """One RecordBatch from plain rows (as an n x 7 uint64 array) of numbered sites
+    without static attributes."""
+    n = len(a)
     site = a[:, 0].astype(np.int32)
     cols = _sites.columns(int(site.max()) + 1 if n else 0)
     columns: dict[str, Any] = {
@@ -76,19 +76,23 @@ def _as_rich(row: tuple[int, ...]) -> tuple[Any, ...]:
 def convert(
     rows: Sequence[tuple[Any, ...]], constants: Mapping[str, Any]
 ) -> tuple[list[pa.RecordBatch], dict[int, str]]:
-    """Batches for one slice of rows, and {position in the slice: why} for rows left out."""
-    plain = [r for r in rows if len(r) == PLAIN_LEN]
-    rich = [r for r in rows if len(r) != PLAIN_LEN] if len(plain) != len(rows) else []
+    """Batches for one slice of rows, and {position among general rows: why} for the
+    rows left out."""
+    if set(map(len, rows)) == {PLAIN_LEN}:
+        plain, rich = rows, []
+    else:
+        plain = [r for r in rows if len(r) == PLAIN_LEN]
+        rich = [r for r in rows if len(r) != PLAIN_LEN]
     out: list[pa.RecordBatch] = []
     if plain:
-        has_attrs = _sites.columns(max(r[0] for r in plain) + 1).has_attributes
-        if has_attrs.any():
-            static = has_attrs[np.fromiter((r[0] for r in plain), np.int32, len(plain))]
-            if static.any():
-                rich += [_as_rich(r) for r, s in zip(plain, static.tolist()) if s]
-                plain = [r for r, s in zip(plain, static.tolist()) if not s]
-        if plain:
-            out.append(plain_batch(plain, constants))
+        a = np.array(plain, dtype=np.uint64).reshape(len(plain), PLAIN_LEN)
+        site = a[:, 0].astype(np.int32)
+        static = _sites.columns(int(site.max()) + 1).has_attributes[site]
+        if static.any():  # sites whose decorator set attributes: checked as general rows
+            rich = [*rich, *(_as_rich(plain[i]) for i in np.flatnonzero(static).tolist())]
+            a = a[~static]
+        if len(a):
+            out.append(plain_batch(a, constants))
     bad: dict[int, str] = {}
     if rich:
         batch, bad = rows_to_batch(rich, constants)
@@ -101,7 +105,7 @@ def slices(chunks: Iterable[Sequence[Any]]) -> Iterator[list[Any]]:
     of plain ones, RICH_SLICE rows where a chunk holds general rows."""
     part: list[Any] = []
     for chunk in chunks:
-        if any(len(r) != PLAIN_LEN for r in chunk):
+        if set(map(len, chunk)) != {PLAIN_LEN}:
             if part:
                 yield part
                 part = []
