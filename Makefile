@@ -7,7 +7,11 @@ test-load:
 	CHIPTRACE_LOAD_TESTS=1 python3 -m pytest -q -m load
 lint:
 	ruff check . && ruff format --check .
+# Each benchmark writes benchmarks/results/<name>.json; the table in README.md is
+# rendered from them. `make bench BENCH_ARGS=--quick` for the short runs.
+BENCH_ARGS ?=
 bench:
-	for b in benchmarks/bench_*.py; do python3 $$b || exit 1; done
+	for b in benchmarks/bench_*.py; do python3 $$b $(BENCH_ARGS) || exit 1; done
+	python3 benchmarks/_table.py README.md
 demo:
 	chiptrace demo
