@@ -180,7 +180,7 @@ def bench(quick: bool) -> list[Figure]:
         ),
     ]
 
-    figures += stalls(traced, otel, provider, tmp, 300_000 if quick else 1_000_000)
+    figures += stalls(traced, bare, otel, provider, tmp, 300_000 if quick else 1_000_000)
 
     chiptrace.init(tmp / "off", enabled=False)
     off = interleaved({"bare": bare, "off": traced}, calls, repeats)
@@ -194,8 +194,10 @@ def bench(quick: bool) -> list[Figure]:
     return figures
 
 
-def stalls(traced: Fn, otel: Fn, provider: object, tmp: Path, n: int) -> list[Figure]:
-    """Per-call latency while the writer converts and writes n buffered spans."""
+def stalls(traced: Fn, bare: Fn, otel: Fn, provider: object, tmp: Path, n: int) -> list[Figure]:
+    """Per-call latency while the writer converts and writes n buffered spans; beside it
+    the same loop of bare calls with no writer busy, the machine's own noise (a shared
+    machine preempts any loop for milliseconds now and then)."""
     rec = chiptrace.init(tmp / "b", max_buffered=4 * n, flush_spans=10**9, flush_interval_s=3600)
     for _ in range(n):
         traced()
@@ -210,9 +212,12 @@ def stalls(traced: Fn, otel: Fn, provider: object, tmp: Path, n: int) -> list[Fi
         otel()
     lat_otel = per_call_latencies(otel, lambda: False, min(busy_s, 10))
     chiptrace.shutdown()
+    provider.force_flush()
+    lat_bare = per_call_latencies(bare, lambda: False, min(busy_s, 10))
     print(
         f"  (writer busy {busy_s:.2f} s converting and writing {n:,} spans; {len(lat):,} calls"
-        f" timed meanwhile; {int((lat > 2000).sum())} over 2 ms, {int((lat > 5).sum())} over 5 us)"
+        f" timed meanwhile; {int((lat > 2000).sum())} over 2 ms, {int((lat > 5).sum())} over 5 us;"
+        f" bare calls alone: {int((lat_bare > 2000).sum())} of {len(lat_bare):,} over 2 ms)"
     )
     return [
         Figure(
@@ -231,6 +236,10 @@ def stalls(traced: Fn, otel: Fn, provider: object, tmp: Path, n: int) -> list[Fi
             "OTel SDK",
             "<= 2000",
         ),
+        Figure(
+            "machine noise: p99 of a bare call, same loop", "us", float(np.percentile(lat_bare, 99))
+        ),
+        Figure("machine noise: longest bare call, same loop", "us", float(lat_bare.max())),
     ]
 
 

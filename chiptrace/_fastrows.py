@@ -73,31 +73,71 @@ def _as_rich(row: tuple[int, ...]) -> tuple[Any, ...]:
     return (_sites.TAGS[i], *row[1:], _sites.NAMES[i], _sites.KINDS[i], 0, None, None, None, None)
 
 
+class Converter:
+    """Converts one flush, slice by slice (`add`), into batches (`finish`).
+
+    Plain rows wait as NumPy arrays and become one batch per GROUP rows: building a batch
+    costs about a millisecond whatever its size, so a batch per slice would cost more than
+    the slice. General rows become a batch per slice (they are checked per span).
+    """
+
+    GROUP = 16384
+
+    def __init__(self, constants: Mapping[str, Any]) -> None:
+        self.constants = constants
+        self.batches: list[pa.RecordBatch] = []
+        self.bad: dict[int, str] = {}  # why each left-out span was left out
+        self.lost = 0  # spans a failed conversion cost (a bug: logged where caught)
+        self._arrays: list[np.ndarray] = []
+        self._waiting = 0
+
+    def add(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        if set(map(len, rows)) == {PLAIN_LEN}:
+            plain, rich = rows, []
+        else:
+            plain = [r for r in rows if len(r) == PLAIN_LEN]
+            rich = [r for r in rows if len(r) != PLAIN_LEN]
+        if plain:
+            a = np.array(plain, dtype=np.uint64).reshape(len(plain), PLAIN_LEN)
+            site = a[:, 0].astype(np.int32)
+            static = _sites.columns(int(site.max()) + 1).has_attributes[site]
+            if static.any():  # sites whose decorator set attributes: checked as general rows
+                rich = [*rich, *(_as_rich(plain[i]) for i in np.flatnonzero(static).tolist())]
+                a = a[~static]
+            if len(a):
+                self._arrays.append(a)
+                self._waiting += len(a)
+        if rich:
+            batch, bad = rows_to_batch(rich, self.constants)
+            self.batches.append(batch)
+            for why in bad.values():
+                self.bad[len(self.bad)] = why
+        if self._waiting >= self.GROUP:
+            self._build()
+
+    def _build(self) -> None:
+        arrays, n = self._arrays, self._waiting
+        self._arrays, self._waiting = [], 0
+        try:
+            a = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            self.batches.append(plain_batch(a, self.constants))
+        except Exception:  # noqa: BLE001 - counted by the caller, never raised into it
+            self.lost += n
+            raise
+
+    def finish(self) -> list[pa.RecordBatch]:
+        if self._arrays:
+            self._build()
+        return self.batches
+
+
 def convert(
     rows: Sequence[tuple[Any, ...]], constants: Mapping[str, Any]
 ) -> tuple[list[pa.RecordBatch], dict[int, str]]:
-    """Batches for one slice of rows, and {position among general rows: why} for the
-    rows left out."""
-    if set(map(len, rows)) == {PLAIN_LEN}:
-        plain, rich = rows, []
-    else:
-        plain = [r for r in rows if len(r) == PLAIN_LEN]
-        rich = [r for r in rows if len(r) != PLAIN_LEN]
-    out: list[pa.RecordBatch] = []
-    if plain:
-        a = np.array(plain, dtype=np.uint64).reshape(len(plain), PLAIN_LEN)
-        site = a[:, 0].astype(np.int32)
-        static = _sites.columns(int(site.max()) + 1).has_attributes[site]
-        if static.any():  # sites whose decorator set attributes: checked as general rows
-            rich = [*rich, *(_as_rich(plain[i]) for i in np.flatnonzero(static).tolist())]
-            a = a[~static]
-        if len(a):
-            out.append(plain_batch(a, constants))
-    bad: dict[int, str] = {}
-    if rich:
-        batch, bad = rows_to_batch(rich, constants)
-        out.append(batch)
-    return out, bad
+    """Batches for a few rows at once, and {i: why} for the general rows left out."""
+    conv = Converter(constants)
+    conv.add(rows)
+    return conv.finish(), conv.bad
 
 
 def slices(chunks: Iterable[Sequence[Any]]) -> Iterator[list[Any]]:

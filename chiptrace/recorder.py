@@ -239,23 +239,28 @@ class Recorder:
     def _convert(self, chunks: list[tuple[Any, ...]]) -> list[pa.RecordBatch]:
         """Rows to batches slice by slice; on the writer thread the GIL goes to the
         program's threads between slices (see chiptrace._fastrows)."""
-        out: list[pa.RecordBatch] = []
-        rejected: dict[int, str] = {}
+        conv = _fastrows.Converter(self.constants)
         yielding = threading.current_thread() is self._thread
+        failed = 0
         for part in _fastrows.slices(chunks):
+            lost = conv.lost
             try:
-                batches, bad = _fastrows.convert(part, self.constants)
+                conv.add(part)
             except Exception:  # noqa: BLE001 - a bug in the conversion must not kill the writer
                 log.exception("chiptrace: could not convert %d buffered spans; dropped", len(part))
-                self.drop(len(part))
-            else:
-                out += batches
-                for why in bad.values():
-                    rejected[len(rejected)] = why
+                failed += len(part) if conv.lost == lost else conv.lost - lost
             if yielding:
                 _fastrows.pause()
-        if rejected:
-            self._reject(rejected)
+        try:
+            out = conv.finish()
+        except Exception:  # noqa: BLE001
+            log.exception("chiptrace: could not convert buffered spans; dropped")
+            failed += conv.lost
+            out = conv.batches
+        if failed:
+            self.drop(failed)
+        if conv.bad:
+            self._reject(conv.bad)
         return out
 
     def _reject(self, rejected: Mapping[int, str]) -> None:
