@@ -9,9 +9,11 @@ take per column; any other row is a general row (chiptrace._rows), checked per s
 
 The writer thread converts a buffer slice by slice and sleeps ~0.2 ms between slices:
 a Python thread that never blocks keeps the GIL for up to the switch interval (5 ms),
-and that wait lands on whatever call the program's thread is making. A 2,048-row slice
-of plain rows holds the GIL for well under a millisecond; general rows cost ~10x more a
-row, so their slices are smaller.
+and that wait lands on whatever call the program's thread is making. A slice of plain
+rows (one 1,024-row buffer chunk) holds the GIL for a few tenths of a millisecond, and
+so does building a batch of 8,192 of them; general rows cost ~10x more a row, so their
+slices are smaller. On a loaded machine a thread can also be preempted while it holds
+the GIL: shorter holds make that rarer too.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from chiptrace._rows import rows_to_batch
 from chiptrace.schema import TAG_COLUMNS, batch_from_columns, ids_to_binary
 
 PLAIN_LEN = 7
-PLAIN_SLICE = 2048
+PLAIN_SLICE = 1024  # one buffer chunk
 RICH_SLICE = 256
 PAUSE_S = 0.0002
 
@@ -81,7 +83,7 @@ class Converter:
     the slice. General rows become a batch per slice (they are checked per span).
     """
 
-    GROUP = 16384
+    GROUP = 8192
 
     def __init__(self, constants: Mapping[str, Any]) -> None:
         self.constants = constants
@@ -112,10 +114,14 @@ class Converter:
             self.batches.append(batch)
             for why in bad.values():
                 self.bad[len(self.bad)] = why
-        if self._waiting >= self.GROUP:
-            self._build()
 
-    def _build(self) -> None:
+    @property
+    def due(self) -> bool:
+        """Enough plain rows wait for a batch (the caller builds it between pauses)."""
+        return self._waiting >= self.GROUP
+
+    def build(self) -> None:
+        """One batch of the plain rows waiting."""
         arrays, n = self._arrays, self._waiting
         self._arrays, self._waiting = [], 0
         try:
@@ -127,7 +133,7 @@ class Converter:
 
     def finish(self) -> list[pa.RecordBatch]:
         if self._arrays:
-            self._build()
+            self.build()
         return self.batches
 
 
@@ -140,24 +146,16 @@ def convert(
     return conv.finish(), conv.bad
 
 
-def slices(chunks: Iterable[Sequence[Any]]) -> Iterator[list[Any]]:
-    """The buffer's 1,024-row chunks regrouped into conversion slices: PLAIN_SLICE rows
-    of plain ones, RICH_SLICE rows where a chunk holds general rows."""
-    part: list[Any] = []
+def slices(chunks: Iterable[Sequence[Any]]) -> Iterator[Sequence[Any]]:
+    """The buffer's chunks as conversion slices: a chunk of plain rows as it is (1,024
+    rows), one that holds general rows in RICH_SLICE pieces."""
     for chunk in chunks:
-        if set(map(len, chunk)) != {PLAIN_LEN}:
-            if part:
-                yield part
-                part = []
-            for start in range(0, len(chunk), RICH_SLICE):
-                yield list(chunk[start : start + RICH_SLICE])
+        if len(chunk) <= PLAIN_SLICE and set(map(len, chunk)) == {PLAIN_LEN}:
+            yield chunk
             continue
-        part.extend(chunk)
-        if len(part) >= PLAIN_SLICE:
-            yield part
-            part = []
-    if part:
-        yield part
+        limit = PLAIN_SLICE if set(map(len, chunk)) == {PLAIN_LEN} else RICH_SLICE
+        for start in range(0, len(chunk), limit):
+            yield chunk[start : start + limit]
 
 
 def pause() -> None:

@@ -243,14 +243,22 @@ class Recorder:
         yielding = threading.current_thread() is self._thread
         failed = 0
         for part in _fastrows.slices(chunks):
-            lost = conv.lost
             try:
                 conv.add(part)
             except Exception:  # noqa: BLE001 - a bug in the conversion must not kill the writer
                 log.exception("chiptrace: could not convert %d buffered spans; dropped", len(part))
-                failed += len(part) if conv.lost == lost else conv.lost - lost
+                failed += len(part)
             if yielding:
                 _fastrows.pause()
+            if conv.due:
+                lost = conv.lost
+                try:
+                    conv.build()
+                except Exception:  # noqa: BLE001
+                    log.exception("chiptrace: could not convert buffered spans; dropped")
+                    failed += conv.lost - lost
+                if yielding:
+                    _fastrows.pause()
         try:
             out = conv.finish()
         except Exception:  # noqa: BLE001
