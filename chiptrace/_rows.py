@@ -74,6 +74,7 @@ def _tag_columns(tags: Sequence[Any]) -> tuple[dict[str, pa.Array], list[Any], n
 
 
 _INT64 = (-(2**63), 2**63 - 1)
+_TYPED_KEYS = frozenset(ATTRIBUTE_COLUMNS)
 _INT_COLUMNS = frozenset({"op_bytes", "op_flops"})
 _BAD_VALUE = (TypeError, ValueError, OverflowError, AttributeError, pa.ArrowException)
 _DICT = pa.dictionary(pa.int32(), pa.string())
@@ -135,8 +136,15 @@ def _attribute_columns(
     dynamic = np.fromiter((a is not None for a in attrs), bool, n)
     attr_json: list[str | None] = [None] * n
     overrides: dict[str, dict[int, Any]] = {}
+    static_of = [u.attributes for u in uniq]
     for i in np.flatnonzero(static | dynamic).tolist():
-        s, d = uniq[tag_idx[i]].attributes, attrs[i]
+        s, d = static_of[tag_idx[i]], attrs[i]
+        if s is None and _TYPED_KEYS.isdisjoint(d):  # the usual case: JSON, nothing typed
+            try:
+                attr_json[i] = dumps(d) if d else None
+            except (TypeError, ValueError) as e:  # keys that are not strings, a cycle
+                bad.setdefault(i, f"attributes: {e}")
+            continue
         rest = {**s, **d} if s and d else dict(s or d or {})
         typed = {ATTRIBUTE_COLUMNS[k]: rest.pop(k) for k in list(rest) if k in ATTRIBUTE_COLUMNS}
         reason = None

@@ -340,11 +340,15 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         if s.end_ns:
             return  # ended already (end() in the block), or tracing is off
         s.end_ns = end
+        row = _row(s)
         rec = _STATE.recorder
         if rec is None:
-            _record(_row(s))
-        else:
-            rec.record(_row(s))
+            _record(row)
+        else:  # Recorder.record, inlined
+            cur = rec.cur
+            cur.append(row)
+            if len(cur) >= rec.chunk_rows:
+                rec.roll()
 
     async def __aenter__(self) -> Span:
         return self.__enter__()
