@@ -318,7 +318,7 @@ def _parent_ids(parent: Any, sid: int) -> tuple[int, int, int]:
     """(trace high half, low half, parent span id) of a new span whose sid is `sid`."""
     cls = parent.__class__
     if cls is Live:
-        return parent  # type: ignore[no-any-return]
+        return parent[0], parent[1], parent[2]
     if cls is Span:
         return parent.trace_hi, parent.trace_lo, parent.span_id
     if parent is None:
@@ -411,13 +411,17 @@ def _shadow(live: Live) -> Span:
 
 
 class Live(tuple, otel_trace.Span):  # type: ignore[misc]
-    """The span of a decorated call while it runs: (trace high, trace low, span id).
+    """The span of a decorated call while it runs: (trace high, trace low, span id, start).
 
     A tuple, so making one costs the least Python allows; writes to it (rare: through
     `current_span()`) go to a Span kept aside in _EXTRA, merged into the row at the end.
     """
 
     __slots__ = ()
+
+    @property
+    def start_ns(self) -> int:
+        return self[3]  # type: ignore[no-any-return]
 
     def get_span_context(self) -> SpanContext:
         return SpanContext((self[0] << 64) | self[1], self[2], False, _SAMPLED)
@@ -459,7 +463,7 @@ class Live(tuple, otel_trace.Span):  # type: ignore[misc]
 
 
 def _fail_live(th: int, tl: int, sid: int, exc: BaseException) -> None:
-    _shadow(Live((th, tl, sid)))._fail(exc)
+    _shadow(Live((th, tl, sid, 0)))._fail(exc)
 
 
 def _end_live(sid: int, site: int, pid: int, start: int, end: int) -> None:

@@ -31,7 +31,7 @@ def make(fn, {defaults}):
         _ct_parent = _ct_ctx.get(KEY)
         _ct_sid = new_id()
         if _ct_parent.__class__ is Live:
-            _ct_th, _ct_tl, _ct_pid = _ct_parent
+            _ct_th, _ct_tl, _ct_pid, _ct_start = _ct_parent
         elif _ct_parent is None and REMOTE is None:
             _ct_th = HI
             _ct_tl = _ct_sid
@@ -40,11 +40,11 @@ def make(fn, {defaults}):
             _ct_th, _ct_tl, _ct_pid = parent_ids(_ct_parent, _ct_sid)
         # A context holding nothing but the parent span (the usual case) is replaced
         # whole: a one-key dict costs less than copying the old one.
-        if len(_ct_ctx) == (_ct_parent is not None):
-            _ct_token = set({{KEY: Live((_ct_th, _ct_tl, _ct_sid))}})
-        else:
-            _ct_token = set({{**_ct_ctx, KEY: Live((_ct_th, _ct_tl, _ct_sid))}})
         _ct_start = now()
+        if len(_ct_ctx) == (_ct_parent is not None):
+            _ct_token = set({{KEY: Live((_ct_th, _ct_tl, _ct_sid, _ct_start))}})
+        else:
+            _ct_token = set({{**_ct_ctx, KEY: Live((_ct_th, _ct_tl, _ct_sid, _ct_start))}})
         try:
             return fn({args})
         except BaseException as _ct_e:

@@ -164,3 +164,18 @@ def test_disabled_at_run_time_returns_the_result_and_records_nothing(tmp_path: P
         chiptrace.init(tmp_path / "on")  # enabled again for the tests after this one
         chiptrace.shutdown()
     assert not (tmp_path / "off").exists() or not list((tmp_path / "off").rglob("*.parquet"))
+
+
+def test_a_decorated_calls_span_shows_its_start_and_ids(trace_dir: Path) -> None:
+    seen = []
+
+    @chiptrace.trace(name="probe")
+    def probe() -> None:
+        s = chiptrace.current_span()
+        seen.append((s.get_span_context(), s.start_ns, s.is_recording()))
+
+    probe()
+    ctx, start, recording = seen[0]
+    (row,) = [r for r in _rows(trace_dir) if r["name"] == "probe"]
+    assert ctx.is_valid and recording and start == row["start_ns"]
+    assert f"{ctx.span_id:016x}" == row["span_id"] and f"{ctx.trace_id:032x}" == row["trace_id"]
