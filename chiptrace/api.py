@@ -72,6 +72,7 @@ def _make_tags(
 
 
 _INTERNAL = otel_trace.SpanKind.INTERNAL
+_new_span = object.__new__
 
 
 def _kind(kind: otel_trace.SpanKind | int) -> int:
@@ -314,14 +315,21 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
     def __enter__(self) -> Span:
         # _open, inlined: a Python call level costs ~0.05 us of the ~1 us budget.
         ctx = _get_context()
-        sid = _span_mod._new_id()
-        th, tl, pid = _parent_ids(ctx.get(_SPAN_KEY), sid)
-        s = Span(th, tl, sid, pid, self._name, self._kind, self._tags)
+        parent = ctx.get(_SPAN_KEY)
+        s = _new_span(Span)  # Span.__init__'s stores, without its call frame
+        s.span_id = sid = _span_mod._new_id()
+        if parent.__class__ is Span:
+            s.trace_hi, s.trace_lo, s.parent_id = parent.trace_hi, parent.trace_lo, parent.span_id
+        else:
+            s.trace_hi, s.trace_lo, s.parent_id = _parent_ids(parent, sid)
+        s.name, s.kind, s.tags = self._name, self._kind, self._tags
+        s.end_ns = 0 if _STATE.enabled else -1  # -1: never recorded; still a valid parent
         if self._attributes:
             s.attributes = dict(self._attributes)
-        if not _STATE.enabled:
-            s.end_ns = -1  # never recorded; still a valid context for children
-        self._token = _set_context({**ctx, _SPAN_KEY: s})
+        if len(ctx) == (parent is not None):  # the context holds only the parent span
+            self._token = _set_context({_SPAN_KEY: s})
+        else:
+            self._token = _set_context({**ctx, _SPAN_KEY: s})
         self._span = s
         s.start_ns = _time_ns()
         return s
