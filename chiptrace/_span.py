@@ -38,7 +38,6 @@ from chiptrace.errors import ConfigError
 from chiptrace.propagation import remote_parent_from_env
 from chiptrace.recorder import Recorder
 from chiptrace.schema import (
-    NO_TAGS,
     SPAN_KIND_CLIENT,
     SPAN_KIND_CONSUMER,
     SPAN_KIND_INTERNAL,
@@ -396,87 +395,8 @@ def _close(span: Span, token: Any) -> None:
     _finish(span)
 
 
-# ------------------------------------------------------------- decorated calls
-
-# Spans of decorated calls that were written to (current_span().set_attribute(...), an
-# exception): span id -> a Span holding what was written, until the call ends.
-_EXTRA: dict[int, Span] = {}
-
-
-def _shadow(live: Live) -> Span:
-    found = _EXTRA.get(live[2])
-    if found is None:
-        found = _EXTRA[live[2]] = Span(live[0], live[1], live[2], 0, None, 0, NO_TAGS)  # type: ignore[arg-type]
-    return found
-
-
-class Live(tuple, otel_trace.Span):  # type: ignore[misc]
-    """The span of a decorated call while it runs: (trace high, trace low, span id, start).
-
-    A tuple, so making one costs the least Python allows; writes to it (rare: through
-    `current_span()`) go to a Span kept aside in _EXTRA, merged into the row at the end.
-    """
-
-    __slots__ = ()
-
-    @property
-    def start_ns(self) -> int:
-        return self[3]  # type: ignore[no-any-return]
-
-    def get_span_context(self) -> SpanContext:
-        return SpanContext((self[0] << 64) | self[1], self[2], False, _SAMPLED)
-
-    def is_recording(self) -> bool:
-        return True
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        _shadow(self).set_attribute(key, value)
-
-    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        _shadow(self).set_attributes(attributes)
-
-    def add_event(
-        self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None
-    ) -> None:
-        _shadow(self).add_event(name, attributes, timestamp)
-
-    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
-        _shadow(self).add_link(context, attributes)
-
-    def update_name(self, name: str) -> None:
-        _shadow(self).update_name(name)
-
-    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        _shadow(self).set_status(status, description)
-
-    def record_exception(
-        self,
-        exception: BaseException,
-        attributes: Mapping[str, Any] | None = None,
-        timestamp: int | None = None,
-        escaped: bool = False,
-    ) -> None:
-        _shadow(self).record_exception(exception, attributes, timestamp, escaped)
-
-    def end(self, end_time: int | None = None) -> None:
-        pass  # the decorator ends it when the call returns
-
-
-def _fail_live(th: int, tl: int, sid: int, exc: BaseException) -> None:
-    _shadow(Live((th, tl, sid, 0)))._fail(exc)
-
-
-def _end_live(sid: int, site: int, pid: int, start: int, end: int) -> None:
-    """The end of a decorated call whose span was written to: a general row."""
-    span = _EXTRA.pop(sid)
-    span.parent_id = pid
-    span.start_ns = start
-    if span.name is None:
-        span.name = _sites.NAMES[site]
-    span.kind = _sites.KINDS[site]
-    span.tags = _sites.TAGS[site]
-    _finish(span, end)
-
+# The decorated calls' span type builds on everything above: imported last.
+from chiptrace._live import _EXTRA, Live, _end_live, _fail_live  # noqa: E402
 
 _wrap.G.update(
     Live=Live,
