@@ -11,7 +11,7 @@ The writer thread converts a buffer slice by slice and sleeps ~0.2 ms between sl
 a Python thread that never blocks keeps the GIL for up to the switch interval (5 ms),
 and that wait lands on whatever call the program's thread is making. A slice of plain
 rows (one 1,024-row buffer chunk) holds the GIL for a few tenths of a millisecond, and
-so does building a batch of 8,192 of them; general rows cost ~10x more a row, so their
+so does building a batch of 4,096 of them; general rows cost ~10x more a row, so their
 slices are smaller. On a loaded machine a thread can also be preempted while it holds
 the GIL: shorter holds make that rarer too.
 """
@@ -83,7 +83,7 @@ class Converter:
     the slice. General rows become a batch per slice (they are checked per span).
     """
 
-    GROUP = 8192
+    GROUP = 4096
 
     def __init__(self, constants: Mapping[str, Any]) -> None:
         self.constants = constants
