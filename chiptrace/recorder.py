@@ -238,11 +238,11 @@ class Recorder:
 
     def _convert(self, chunks: list[tuple[Any, ...]]) -> list[pa.RecordBatch]:
         """Rows to batches slice by slice; on the writer thread the GIL goes to the
-        program's threads between slices (see chiptrace._fastrows)."""
-        conv = _fastrows.Converter(self.constants)
+        program's threads between chunks (see chiptrace._fastrows)."""
         yielding = threading.current_thread() is self._thread
+        conv = _fastrows.Converter(self.constants, _fastrows.pause if yielding else None)
         failed = 0
-        for part in _fastrows.slices(chunks):
+        for part in chunks:
             try:
                 conv.add(part)
             except Exception:  # noqa: BLE001 - a bug in the conversion must not kill the writer

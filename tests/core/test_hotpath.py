@@ -16,6 +16,7 @@ import pytest
 import chiptrace
 from chiptrace import _fastrows, _span
 from chiptrace.propagation import inject
+from chiptrace.schema import NO_TAGS
 
 
 @chiptrace.trace(chip="gpu:0")
@@ -55,13 +56,17 @@ def test_no_span_object_outlives_its_span(trace_dir: Path) -> None:
     assert not _span._EXTRA
 
 
-def test_slices_are_small_and_plain_rows_convert_alone(trace_dir: Path) -> None:
-    plain = [tuple((0, 1, 1, i + 1, 0, 10, 20)) for i in range(1024)]
-    general = [(None,) * 14] * 1024
-    sizes = [len(s) for s in _fastrows.slices([tuple(plain)] * 3)]
-    assert sizes == [1024] * 3
-    sizes = [len(s) for s in _fastrows.slices([tuple(plain), tuple(general)])]
-    assert sizes == [1024] + [_fastrows.RICH_SLICE] * (1024 // _fastrows.RICH_SLICE)
+def test_general_rows_convert_in_pieces_with_pauses_between(trace_dir: Path) -> None:
+    pauses = []
+    conv = _fastrows.Converter(chiptrace.get_recorder().constants, lambda: pauses.append(1))
+    general = [
+        (NO_TAGS, 1, 1, i + 1, 0, 10, 20, "g", 1, 0, None, {"i": i}, None, None)
+        for i in range(1024)
+    ]
+    conv.add(tuple(general))
+    batches = conv.finish()
+    assert [b.num_rows for b in batches] == [_fastrows.RICH_SLICE] * (1024 // 256)
+    assert len(pauses) == len(batches) - 1 and not conv.bad
 
 
 def test_writer_thread_converts_everything_in_slices(tmp_path: Path) -> None:
