@@ -11,7 +11,7 @@ lint:
 # rendered from them. `make bench BENCH_ARGS=--quick` for the short runs.
 BENCH_ARGS ?=
 bench:
-	for b in benchmarks/bench_*.py; do python3 $$b $(BENCH_ARGS) || exit 1; done
-	python3 benchmarks/_table.py README.md
+	status=0; for b in benchmarks/bench_*.py; do python3 $$b $(BENCH_ARGS) || status=1; done; \
+	python3 benchmarks/_table.py README.md; exit $$status
 demo:
 	chiptrace demo
