@@ -15,7 +15,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanContext, Status, StatusCode
 
 from chiptrace import _sites
-from chiptrace._span import _SAMPLED, Span, _finish
+from chiptrace._span import _SAMPLED, Span, _finish, _record
 from chiptrace.schema import NO_TAGS
 
 # Spans of decorated calls that were written to (current_span().set_attribute(...), an
@@ -23,10 +23,19 @@ from chiptrace.schema import NO_TAGS
 _EXTRA: dict[int, Span] = {}
 
 
+# A write to a decorated call's span after the call returned finds no call to merge it:
+# its entry would stay. Past this many entries (far more than calls in flight) the table
+# is cleared, so such writes cannot grow memory without end.
+_MAX_EXTRA = 1 << 16
+
+
 def _shadow(live: Live) -> Span:
     found = _EXTRA.get(live[2])
     if found is None:
-        found = _EXTRA[live[2]] = Span(live[0], live[1], live[2], 0, None, 0, NO_TAGS)  # type: ignore[arg-type]
+        if len(_EXTRA) >= _MAX_EXTRA:
+            _EXTRA.clear()
+        found = Span(live[0], live[1], live[2], 0, None, 0, NO_TAGS)  # type: ignore[arg-type]
+        _EXTRA[live[2]] = found
     return found
 
 
@@ -86,9 +95,12 @@ def _fail_live(th: int, tl: int, sid: int, exc: BaseException) -> None:
     _shadow(Live((th, tl, sid, 0)))._fail(exc)
 
 
-def _end_live(sid: int, site: int, pid: int, start: int, end: int) -> None:
+def _end_live(th: int, tl: int, sid: int, site: int, pid: int, start: int, end: int) -> None:
     """The end of a decorated call whose span was written to: a general row."""
-    span = _EXTRA.pop(sid)
+    span = _EXTRA.pop(sid, None)
+    if span is None:  # cleared meanwhile (see _MAX_EXTRA): what was written is lost
+        _record((site, th, tl, sid, pid, start, end))
+        return
     span.parent_id = pid
     span.start_ns = start
     if span.name is None:

@@ -57,7 +57,7 @@ def make(fn, {defaults}):
             except ValueError:
                 pass
             if EXTRA and _ct_sid in EXTRA:
-                end_live(_ct_sid, {site}, _ct_pid, _ct_start, _ct_end)
+                end_live(_ct_th, _ct_tl, _ct_sid, {site}, _ct_pid, _ct_start, _ct_end)
             elif REC is None:
                 record_first(({site}, _ct_th, _ct_tl, _ct_sid, _ct_pid, _ct_start, _ct_end))
             else:
