@@ -4,8 +4,8 @@ A decorated call that sets nothing ends as a plain row, seven ints:
 
     (site, trace_hi, trace_lo, span_id, parent_id, start_ns, end_ns)
 
-(chiptrace._sites numbers the sites). Plain rows convert with one NumPy array and a
-take per column; any other row is a general row (chiptrace._rows), checked per span.
+(chiptrace._sites numbers the sites). Plain rows convert with one np.fromiter a chunk
+and a NumPy take per column; any other row is a general row (chiptrace._rows), checked per span.
 
 The writer thread converts a buffer chunk by chunk and sleeps ~0.2 ms between chunks:
 a Python thread that never blocks keeps the GIL for up to the switch interval (5 ms),
