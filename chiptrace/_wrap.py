@@ -3,14 +3,14 @@
 Its source is generated with the function's own parameters (`def f(x, y=_d0, *, k)`
 calls `fn(x, y, k=k)`: no *args tuple or **kwargs dict per call) and its site number
 (chiptrace._sites: name, kind, tags) written in as a literal; everything else it reads
-is a global of one shared
-dict, G, that chiptrace._span keeps current (the enabled flag, the recorder, the id
-counter). A call then costs: a flag check, the parent from the context, an id, a
-`Live` tuple in a new context dict, two clock reads and one list append.
+is a global of one shared dict, G, that chiptrace._span keeps current (the enabled
+flag, the recorder, the id counter). A call then costs: a flag check, the parent from
+the context, an id, a `Live` tuple in a new context dict, two clock reads and one list
+append. Functions whose signature cannot be read (some builtins) get the same body
+with `*args, **kwargs`.
 
 Measured beside the earlier closure (a span object per call) on the same loaded 2-core
-VM: about a third of its cost (benchmarks/bench_hotpath.py has today's figures). Functions whose signature cannot be read (some
-builtins) get the same body with `*args, **kwargs`.
+VM: about a third of its cost (benchmarks/bench_hotpath.py has today's figures).
 """
 
 from __future__ import annotations
