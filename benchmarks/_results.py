@@ -29,12 +29,16 @@ class Figure:
     peer: float | None = None
     peer_name: str = ""
     target: str = ""
-    of: str = "chiptrace"  # or "ratio" (peer / chiptrace)
+    of: str = "chiptrace"  # or "ratio"
+    better: str = "lower"  # "higher" for rates: the ratio is then chiptrace / peer
 
     @property
     def ratio(self) -> float | None:
-        if self.peer is None or not self.chiptrace:
+        """How many times better chiptrace did than the peer (> 1: better)."""
+        if self.peer is None or not self.chiptrace or not self.peer:
             return None
+        if self.better == "higher":
+            return self.chiptrace / self.peer
         return self.peer / self.chiptrace
 
     @property

@@ -24,7 +24,7 @@ def _num(value: float | None, unit: str = "") -> str:
 def rows(results: Path) -> list[str]:
     """Markdown table lines for every results file, in name order."""
     out = [
-        "| figure | chiptrace | peer | ratio | target | date | machine |",
+        "| figure | chiptrace | peer | ratio (x better) | target | date | machine |",
         "|---|---|---|---|---|---|---|",
     ]
     for path in sorted(results.glob("*.json")):

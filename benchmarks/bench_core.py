@@ -68,6 +68,7 @@ def bench_parquet(n: int) -> list[Figure]:
             n / dt_peer,
             "pyarrow write_table",
             ">= 1000000",
+            better="higher",
         ),
         Figure("bytes per span on disk", "B", size / n, size_peer / n, "pyarrow defaults", "<= 32"),
     ]

@@ -244,7 +244,7 @@ def stalls(traced: Fn, bare: Fn, otel: Fn, provider: object, tmp: Path, n: int) 
     )
     return [
         Figure(
-            f"p99 per call, {n // 1000}k spans buffered, writer busy",
+            f"p99 per call, {n / 1e6:g}M spans buffered, writer busy",
             "us",
             float(np.percentile(lat, 99)),
             float(np.percentile(lat_otel, 99)),
