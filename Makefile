@@ -11,7 +11,11 @@ lint:
 	ruff check . && ruff format --check .
 	python3 .ci/mapped.py mypy
 	python3 .ci/mapped.py contracts
+# Each benchmark writes benchmarks/results/<name>.json; the table in README.md is
+# rendered from them. `make bench BENCH_ARGS=--quick` for the short runs.
+BENCH_ARGS ?=
 bench:
-	for b in benchmarks/bench_*.py; do python3 $$b || exit 1; done
+	status=0; for b in benchmarks/bench_*.py; do python3 $$b $(BENCH_ARGS) || status=1; done; \
+	python3 benchmarks/_table.py README.md; exit $$status
 demo:
 	chiptrace demo

@@ -23,7 +23,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from chiptrace import config as _config
-from chiptrace._span import _STATE, Span, _close, _open, _randbits, _reset_context, _time_ns
+from chiptrace._span import (
+    _STATE,
+    Span,
+    _close,
+    _open,
+    _reset_context,
+    _row,
+    _time_ns,
+    new_span_id,
+)
 from chiptrace.errors import ConfigError
 from chiptrace.recorder import Recorder
 from chiptrace.schema import Tags
@@ -147,8 +156,9 @@ def release(
         attrs.update(attributes)
         span.attributes = attrs  # still held, not yet the writer's: no ended-span rule
         child = Span(
-            span.trace_id,
-            _randbits(64) or 1,
+            span.trace_hi,
+            span.trace_lo,
+            new_span_id(),
             span.span_id,
             f"{span.name} (device)",
             span.kind,
@@ -156,10 +166,10 @@ def release(
         )
         child.start_ns, child.end_ns = start, end
         child.attributes = dict(attributes) if attributes else None
-        rec.record(span)
-        rec.record(child)
+        rec.record(_row(span))
+        rec.record(_row(child))
     else:
-        rec.record(span)
+        rec.record(_row(span))
 
 
 def _end(span: Span, token: Any, t: DeviceTimer | None, mark: Any) -> None:

@@ -1,17 +1,18 @@
-"""Finished span objects -> Arrow batches, off the traced program's hot path.
+"""General span rows -> Arrow batches, off the traced program's hot path.
 
-A traced call appends its finished span object to the recorder's deque (the cheapest
-thing Python can do); the writer thread turns a whole buffer of them into columns at
-once. A row is any object with these fields (chiptrace._span.Span has them):
+Most spans end as a plain row of ints (chiptrace._fastrows converts those with NumPy).
+A span that carries more (attributes, events, links, a status, a renamed or unnumbered
+site) ends as a general row, a tuple in this order:
 
-    trace_id: bytes16, span_id: int, parent_id: int (0 = root), name, kind,
-    start_ns, end_ns, status_code, status_message, tags: Tags,
-    attributes: dict | None, events: list | None, links: list | None
+    (tags, trace_hi, trace_lo, span_id, parent_id, start_ns, end_ns, name, kind,
+     status_code, status_message, attributes: dict | None, events: list | None,
+     links: list | None)
+
+The values come from user code, so each one is checked here, per span.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,21 +31,24 @@ from chiptrace.schema import (
     trace_ids_to_binary,
 )
 
-_FIELD_NAMES = (
-    "trace_id",
+# Positions in a general row after the ids and times; the first seven match a plain row.
+_RICH_FIELDS = (
+    "tags",
+    "trace_hi",
+    "trace_lo",
     "span_id",
     "parent_id",
-    "name",
-    "kind",
     "start_ns",
     "end_ns",
+    "name",
+    "kind",
     "status_code",
     "status_message",
-    "tags",
     "attributes",
     "events",
     "links",
 )
+RICH_LEN = len(_RICH_FIELDS)
 
 
 def _json_events(events: Sequence[Any]) -> str:
@@ -70,6 +74,7 @@ def _tag_columns(tags: Sequence[Any]) -> tuple[dict[str, pa.Array], list[Any], n
 
 
 _INT64 = (-(2**63), 2**63 - 1)
+_TYPED_KEYS = frozenset(ATTRIBUTE_COLUMNS)
 _INT_COLUMNS = frozenset({"op_bytes", "op_flops"})
 _BAD_VALUE = (TypeError, ValueError, OverflowError, AttributeError, pa.ArrowException)
 _DICT = pa.dictionary(pa.int32(), pa.string())
@@ -131,8 +136,15 @@ def _attribute_columns(
     dynamic = np.fromiter((a is not None for a in attrs), bool, n)
     attr_json: list[str | None] = [None] * n
     overrides: dict[str, dict[int, Any]] = {}
+    static_of = [u.attributes for u in uniq]
     for i in np.flatnonzero(static | dynamic).tolist():
-        s, d = uniq[tag_idx[i]].attributes, attrs[i]
+        s, d = static_of[tag_idx[i]], attrs[i]
+        if s is None and _TYPED_KEYS.isdisjoint(d):  # the usual case: JSON, nothing typed
+            try:
+                attr_json[i] = dumps(d) if d else None
+            except (TypeError, ValueError) as e:  # keys that are not strings, a cycle
+                bad.setdefault(i, f"attributes: {e}")
+            continue
         rest = {**s, **d} if s and d else dict(s or d or {})
         typed = {ATTRIBUTE_COLUMNS[k]: rest.pop(k) for k in list(rest) if k in ATTRIBUTE_COLUMNS}
         reason = None
@@ -206,14 +218,14 @@ def _override(columns: dict[str, Any], overrides: dict[str, dict[int, Any]], n: 
 def rows_to_batch(
     rows: Sequence[Any], constants: Mapping[str, Any]
 ) -> tuple[pa.RecordBatch, dict[int, str]]:
-    """Convert finished span objects to one RecordBatch of the span schema.
+    """Convert general rows (this module's docstring) to one RecordBatch of the span schema.
 
     Each span is checked on its own, as the collector checks each value: a value that
     does not fit its column (`op.bytes="4 MiB"`, a name that is not a string, an end
     time that is not an integer) costs that span, not the buffer.
 
     Args:
-        rows: span objects with the fields in this module's docstring.
+        rows: general rows, as in this module's docstring.
         constants: per-process columns (service, host, pid, scope, resource).
 
     Returns:
@@ -222,7 +234,12 @@ def rows_to_batch(
     n = len(rows)
     if n == 0:
         return empty_batch(), {}
-    field = {f: list(map(operator.attrgetter(f), rows)) for f in _FIELD_NAMES}
+    field = {f: list(col) for f, col in zip(_RICH_FIELDS, zip(*rows))}
+    mask = (1 << 64) - 1
+    field["trace_id"] = [
+        ((h << 64) | (lo & mask)).to_bytes(16, "big")
+        for h, lo in zip(field["trace_hi"], field["trace_lo"])
+    ]
     bad: dict[int, str] = {}
     checked = _checked_columns(field, bad)
     tag_cols, uniq, tag_idx = _tag_columns(field["tags"])

@@ -1,14 +1,22 @@
-"""The span object and its hot path: open, finish, and the process-wide state they read.
+"""The span objects and their hot path: open, finish, and the process-wide state they read.
 
-A chiptrace span lives in OpenTelemetry's own context, so it nests with spans from any
-other OpenTelemetry instrumentation in both directions. When it ends, the span object
-itself is appended to the recorder's deque; everything costlier happens on the writer
-thread. The hot path is deliberately flat: each call costs about a microsecond, and
-every extra Python call level costs about 0.05 us of that.
+A chiptrace span lives in OpenTelemetry's own context variable, so it nests with spans
+from any other OpenTelemetry instrumentation in both directions; the contexts chiptrace
+sets are plain dicts (OpenTelemetry reads them with `.get`, as it reads its own).
+
+When a span ends it becomes a row, a tuple of ints (chiptrace._fastrows) or, when it
+carries attributes, events or a status, a general row (chiptrace._rows); the span object
+itself is not kept. A decorated function's span (chiptrace._wrap) is smaller still: a
+`Live` tuple of its ids, made only so that children and OpenTelemetry can find it.
+
+Ids: span ids come from a per-process counter started at a random point (unique in the
+process, never 0); a root span's trace id is a per-process random high half and the root
+span id as the low half, so a root costs no second random number.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
@@ -21,10 +29,10 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
-from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation import _SPAN_KEY
 
+from chiptrace import _sites, _wrap
 from chiptrace import config as _config
 from chiptrace._traceparent import remote_parent_from_env
 from chiptrace.errors import ConfigError
@@ -44,13 +52,36 @@ from chiptrace.schema import (
 _time_ns = time.time_ns
 _rng = random.Random()
 _randbits = _rng.getrandbits
-# A forked child must not replay its parent's id sequence.
-os.register_at_fork(after_in_child=_rng.seed)
+_MASK64 = (1 << 64) - 1
+
+
+def _reseed_ids() -> None:
+    """A new id counter and trace-id high half (at import, and in a forked child, which
+    must not replay its parent's ids)."""
+    global _new_id, _TRACE_HI
+    _rng.seed()
+    # Started below 2**63: a process would need 2**62 spans to reach the end of the range.
+    _new_id = itertools.count(_randbits(62) + 1).__next__
+    _TRACE_HI = _randbits(64) or 1
+    _wrap.G.update(new_id=_new_id, HI=_TRACE_HI)
+
+
+_new_id: Callable[[], int]
+_TRACE_HI: int
+_reseed_ids()
+
+
+def new_span_id() -> int:
+    """A new span id (through the module global: a fork replaces the counter)."""
+    return _new_id()
+
+
+os.register_at_fork(after_in_child=_reseed_ids)
 
 _runtime = otel_context._RUNTIME_CONTEXT
-_var: ContextVar[Context] | None = getattr(_runtime, "_current_context", None)
-_get_context: Callable[[], Context]
-_set_context: Callable[[Context], Any]  # returns a token for _reset_context
+_var: ContextVar[Any] | None = getattr(_runtime, "_current_context", None)
+_get_context: Callable[[], Any]
+_set_context: Callable[[Any], Any]  # returns a token for _reset_context
 _reset_context: Callable[[Any], None]
 if isinstance(_var, ContextVar):
     _get_context, _set_context, _reset_context = _var.get, _var.set, _var.reset
@@ -72,19 +103,48 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
 class _State:
-    """Process-wide tracing state; one instance, read on every call."""
+    """Process-wide tracing state; one instance, read on every call. `enabled` and
+    `recorder` are mirrored into the globals of the decorator wrappers (chiptrace._wrap),
+    where a read is one cached global load."""
 
-    enabled: bool = True
-    recorder: Recorder | None = None
+    _enabled: bool = True
+    _recorder: Recorder | None = None
     sampler: Any = None  # chiptrace.host.HostSampler when init(sample_host=True)
     lock = threading.Lock()
-    # (trace id, span id) from TRACEPARENT: the parent of this process's root spans.
-    remote_root: tuple[bytes, int] | None = None
+    _remote_root: tuple[int, int] | None = None
     # The recorder config a forked child inherits (it writes its own parts, same dir).
     fork_config: _config.Config | None = None
     # Starts a recorder from the environment on the first span without init()
     # (set by chiptrace.lifecycle, which owns configuration).
     auto_init: Callable[[], Recorder | None] = staticmethod(lambda: None)
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self._enabled = bool(value)
+        _wrap.G["ON"] = self._enabled
+
+    @property
+    def remote_root(self) -> tuple[int, int] | None:
+        """(trace id, span id) from TRACEPARENT: the parent of this process's root spans."""
+        return self._remote_root
+
+    @remote_root.setter
+    def remote_root(self, value: tuple[int, int] | None) -> None:
+        self._remote_root = value
+        _wrap.G["REMOTE"] = value
+
+    @property
+    def recorder(self) -> Recorder | None:
+        return self._recorder
+
+    @recorder.setter
+    def recorder(self, value: Recorder | None) -> None:
+        self._recorder = value
+        _wrap.G["REC"] = value
 
 
 _STATE = _State()
@@ -94,7 +154,9 @@ try:
     )
 except ConfigError:
     _STATE.enabled = True  # resolve() reports the bad value when init() runs
-_STATE.remote_root = remote_parent_from_env()
+_remote = remote_parent_from_env()
+if _remote is not None:
+    _STATE.remote_root = (int.from_bytes(_remote[0], "big"), _remote[1])
 
 
 class Span(otel_trace.Span):
@@ -105,7 +167,17 @@ class Span(otel_trace.Span):
 
     # Only what every span needs is set per call; the rest reads the class defaults
     # below until first written (each assignment saved is ~0.02 us on the hot path).
-    __slots__ = ("trace_id", "span_id", "parent_id", "name", "kind", "tags", "start_ns", "end_ns")
+    __slots__ = (
+        "trace_hi",
+        "trace_lo",
+        "span_id",
+        "parent_id",
+        "name",
+        "kind",
+        "tags",
+        "start_ns",
+        "end_ns",
+    )
     start_ns: int  # set by whoever opens the span, right after construction
 
     attributes: dict[str, Any] | None = None
@@ -115,9 +187,17 @@ class Span(otel_trace.Span):
     status_message: str | None = None
 
     def __init__(
-        self, trace_id: bytes, span_id: int, parent_id: int, name: str, kind: int, tags: Tags
+        self,
+        trace_hi: int,
+        trace_lo: int,
+        span_id: int,
+        parent_id: int,
+        name: str,
+        kind: int,
+        tags: Tags,
     ) -> None:
-        self.trace_id = trace_id
+        self.trace_hi = trace_hi
+        self.trace_lo = trace_lo
         self.span_id = span_id
         self.parent_id = parent_id
         self.name = name
@@ -125,9 +205,14 @@ class Span(otel_trace.Span):
         self.tags = tags
         self.end_ns = 0
 
+    @property
+    def trace_id(self) -> bytes:
+        """The 16-byte trace id."""
+        return ((self.trace_hi << 64) | self.trace_lo).to_bytes(16, "big")
+
     # OpenTelemetry Span interface -------------------------------------------------
     def get_span_context(self) -> SpanContext:
-        return SpanContext(int.from_bytes(self.trace_id, "big"), self.span_id, False, _SAMPLED)
+        return SpanContext((self.trace_hi << 64) | self.trace_lo, self.span_id, False, _SAMPLED)
 
     def is_recording(self) -> bool:
         return self.end_ns == 0
@@ -232,39 +317,79 @@ def _ended(span: Span, what: str) -> None:
         )
 
 
+def _parent_ids(parent: Any, sid: int) -> tuple[int, int, int]:
+    """(trace high half, low half, parent span id) of a new span whose sid is `sid`."""
+    if parent.__class__ is Span:
+        return parent.trace_hi, parent.trace_lo, parent.span_id
+    if isinstance(parent, tuple):
+        # A decorated call's Live span (chiptrace._live), the one span that is a tuple;
+        # told by its shape, since _live builds on this module and is imported after it.
+        return parent[0], parent[1], parent[2]
+    if parent is None:
+        # A root here may still be a child: of the span that launched this process.
+        remote = _STATE.remote_root
+        if remote is None:
+            return _TRACE_HI, sid, 0
+        return remote[0] >> 64, remote[0] & _MASK64, remote[1]
+    sc = parent.get_span_context()  # a span from the OpenTelemetry SDK or another library
+    if sc.is_valid:
+        return sc.trace_id >> 64, sc.trace_id & _MASK64, sc.span_id
+    return _TRACE_HI, sid, 0
+
+
 def _open(name: str, tags: Tags, kind: int) -> tuple[Span, Any]:
     ctx = _get_context()
-    parent: Any = ctx.get(_SPAN_KEY)  # ours, None, or any OpenTelemetry span
-    if parent.__class__ is Span:
-        trace_id, parent_id = parent.trace_id, parent.span_id
-    elif parent is None:
-        # A root here may still be a child: of the span that launched this process.
-        trace_id, parent_id = _STATE.remote_root or (_randbits(128).to_bytes(16, "big"), 0)
-    else:  # a span from the OpenTelemetry SDK or another instrumentation
-        sc = parent.get_span_context()
-        if sc.is_valid:
-            trace_id, parent_id = sc.trace_id.to_bytes(16, "big"), sc.span_id
-        else:
-            trace_id, parent_id = _randbits(128).to_bytes(16, "big"), 0
-    span = Span(trace_id, _randbits(64) or 1, parent_id, name, kind, tags)
-    token = _set_context(Context({**ctx, _SPAN_KEY: span}))
+    sid = _new_id()
+    th, tl, pid = _parent_ids(ctx.get(_SPAN_KEY), sid)
+    span = Span(th, tl, sid, pid, name, kind, tags)
+    token = _set_context({**ctx, _SPAN_KEY: span})
     span.start_ns = _time_ns()
     return span, token
+
+
+def _row(span: Span) -> tuple[Any, ...]:
+    """The buffered row of an ended span: plain when it carries nothing but its site."""
+    end = span.end_ns
+    if (
+        span.attributes is None
+        and span.events is None
+        and span.links is None
+        and span.status_code == STATUS_UNSET
+        and end.__class__ is int
+    ):
+        site = _sites.site(span.name, span.tags, span.kind)
+        if site >= 0:
+            return (site, span.trace_hi, span.trace_lo, span.span_id, span.parent_id,
+                    span.start_ns, end)  # fmt: skip
+    return (
+        span.tags,
+        span.trace_hi,
+        span.trace_lo,
+        span.span_id,
+        span.parent_id,
+        span.start_ns,
+        end,
+        span.name,
+        span.kind,
+        span.status_code,
+        span.status_message,
+        span.attributes,
+        span.events,
+        span.links,
+    )
+
+
+def _record(row: tuple[Any, ...]) -> None:
+    rec = _STATE.recorder or _STATE.auto_init()
+    if rec is not None:
+        rec.record(row)
 
 
 def _finish(span: Span, end_ns: int | None = None) -> None:
     if span.end_ns:
         return
     span.end_ns = end_ns or _time_ns()
-    rec = _STATE.recorder or _STATE.auto_init()
-    if rec is None:
-        return
-    # The span object itself is the buffered row: the writer thread reads its fields.
-    rows = rec.rows
-    if len(rows) < rec.max_buffered:
-        rows.append(span)
-    else:
-        rec.drop()
+    _record(_row(span))
 
 
 def _close(span: Span, token: Any) -> None:

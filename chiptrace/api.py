@@ -12,10 +12,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar, overload
 
 from opentelemetry import trace as otel_trace
-from opentelemetry.context import Context
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from chiptrace import _device
+from chiptrace import _device, _sites, _wrap
+from chiptrace import _live as _live  # fills _wrap's globals (the compiled wrappers' names)
+from chiptrace import _span as _span_mod
 from chiptrace._span import (
     _KINDS,
     _STATE,
@@ -24,14 +25,16 @@ from chiptrace._span import (
     _finish,
     _get_context,
     _open,
-    _randbits,
+    _parent_ids,
+    _record,
     _reset_context,
+    _row,
     _set_context,
     _time_ns,
 )
 from chiptrace.errors import ConfigError
 from chiptrace.lifecycle import flush, get_recorder, init, shutdown
-from chiptrace.schema import NO_TAGS, Tags
+from chiptrace.schema import NO_TAGS, SPAN_KIND_INTERNAL, Tags
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -67,6 +70,10 @@ def _make_tags(
     if chip is None and link is None and op is None and precision is None:
         return NO_TAGS
     return _tags(chip, link, op, precision)
+
+
+_INTERNAL = otel_trace.SpanKind.INTERNAL
+_new_span = object.__new__
 
 
 def _kind(kind: otel_trace.SpanKind | int) -> int:
@@ -176,48 +183,28 @@ def _default_name(f: Callable[..., Any]) -> str:
 
 
 def _wrap_function(fn: Callable[P, R], name: str, tags: Tags, kind: int) -> Callable[P, R]:
-    """The hottest path in chiptrace: `_open` and the fast half of `_close` are inlined
-    here because two Python call frames cost ~0.15 us of a ~1.5 us budget."""
+    """The hottest path in chiptrace: a wrapper compiled for this function (_wrap.py)."""
+    site = _sites.site(name, tags, kind)
+    if site < 0:  # a name that is not a string, or a full site table: the general path
+        return _wrap_general(fn, name, tags, kind)
+    return _wrap.wrap(fn, site)
+
+
+def _wrap_general(fn: Callable[P, R], name: str, tags: Tags, kind: int) -> Callable[P, R]:
     state = _STATE
-    get_context, set_context, reset_context = _get_context, _set_context, _reset_context
-    span_key, time_ns, randbits, span_cls, ctx_cls = _SPAN_KEY, _time_ns, _randbits, Span, Context
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         if not state.enabled:
             return fn(*args, **kwargs)
-        ctx = get_context()
-        parent = ctx.get(span_key)
-        if parent.__class__ is span_cls:
-            span = span_cls(parent.trace_id, randbits(64) or 1, parent.span_id, name, kind, tags)
-        elif parent is None and state.remote_root is None:  # a root span
-            span = span_cls(
-                randbits(128).to_bytes(16, "big"), randbits(64) or 1, 0, name, kind, tags
-            )
-        else:  # a remote or an OpenTelemetry parent: the general path
-            span = None
-        if span is None:
-            span, token = _open(name, tags, kind)
-        else:
-            token = set_context(ctx_cls({**ctx, span_key: span}))
-            span.start_ns = time_ns()
+        span, token = _open(name, tags, kind)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
             span._fail(e)
             raise
         finally:
-            span.end_ns = time_ns()
-            try:
-                reset_context(token)
-            except ValueError:
-                pass
-            rec = state.recorder
-            if rec is not None and len(rec.rows) < rec.max_buffered:
-                rec.rows.append(span)
-            else:
-                span.end_ns, end = 0, span.end_ns
-                _finish(span, end)  # first span, or a full buffer: the slow path counts it
+            _close(span, token)
 
     return wrapper
 
@@ -259,7 +246,7 @@ def _wrap_generator(fn: Callable[P, Any], name: str, tags: Tags, kind: int) -> C
                 if span is None:
                     span, token = _open(name, tags, kind)
                 else:
-                    token = _set_context(Context({**_get_context(), _SPAN_KEY: span}))
+                    token = _set_context({**_get_context(), _SPAN_KEY: span})
                 try:
                     if to_throw is not None:
                         exc, to_throw = to_throw, None
@@ -317,30 +304,60 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         device_time: bool | None = None,
     ) -> None:
         self._name = name
-        self._tags = _make_tags(chip, link, op, precision, None)
+        tagged = chip is not None or link is not None or op is not None or precision is not None
+        self._tags = _tags(chip, link, op, precision) if tagged else NO_TAGS
         self._attributes = attributes
-        self._kind = _kind(kind)
+        self._kind = SPAN_KIND_INTERNAL if kind is _INTERNAL else _kind(kind)
         self._span: Span | None = None
         self._token: Any = None
         if (device_time or _device.DEFAULT) and _device.wanted(device_time, self._tags, name):
             self.__class__ = _device.span_class(span)  # GPU-timed enter and exit (_device.py)
 
     def __enter__(self) -> Span:
-        s, self._token = _open(self._name, self._tags, self._kind)
+        # _open, inlined: a Python call level costs ~0.05 us of the ~1 us budget.
+        ctx = _get_context()
+        parent = ctx.get(_SPAN_KEY)
+        s = _new_span(Span)  # Span.__init__'s stores, without its call frame
+        s.span_id = sid = _span_mod._new_id()
+        if parent.__class__ is Span:
+            s.trace_hi, s.trace_lo, s.parent_id = parent.trace_hi, parent.trace_lo, parent.span_id
+        else:
+            s.trace_hi, s.trace_lo, s.parent_id = _parent_ids(parent, sid)
+        s.name, s.kind, s.tags = self._name, self._kind, self._tags
+        s.end_ns = 0 if _STATE.enabled else -1  # -1: never recorded; still a valid parent
         if self._attributes:
-            s.set_attributes(self._attributes)
-        if not _STATE.enabled:
-            s.end_ns = -1  # never recorded; still a valid context for children
+            s.attributes = dict(self._attributes)
+        if len(ctx) == (parent is not None):  # the context holds only the parent span
+            self._token = _set_context({_SPAN_KEY: s})
+        else:
+            self._token = _set_context({**ctx, _SPAN_KEY: s})
         self._span = s
+        s.start_ns = _time_ns()
         return s
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         s = self._span
         if s is None:
             return
+        end = _time_ns()
         if exc is not None:
             s._fail(exc)
-        _close(s, self._token)
+        try:
+            _reset_context(self._token)
+        except ValueError:
+            pass  # the token belongs to another context (a task or thread took over)
+        if s.end_ns:
+            return  # ended already (end() in the block), or tracing is off
+        s.end_ns = end
+        row = _row(s)
+        rec = _STATE.recorder
+        if rec is None:
+            _record(row)
+        else:  # Recorder.record, inlined
+            cur = rec.cur
+            cur.append(row)
+            if len(cur) >= rec.chunk_rows:
+                rec.roll()
 
     async def __aenter__(self) -> Span:
         return self.__enter__()

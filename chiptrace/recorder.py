@@ -1,7 +1,8 @@
 """The recorder: bounded in-memory span buffers, a writer thread, and the sinks it feeds.
 
-Two ways in: `record(row)` for one decorated call (a deque append, nothing else), and
-`write_batch(batch)` for whole columns (the emulator, the collector). A daemon thread
+Two ways in: a row per traced call, appended to the current 1,024-row chunk (a list
+append; see `roll`), and `write_batch(batch)` for whole columns (the emulator, the
+collector). A daemon thread
 flushes by size and by interval, and at exit, to every sink: the Parquet store, any
 OpenTelemetry SpanExporter, a live feed. The traced program never waits on a sink and
 never sees a sink's exception: a full buffer drops and counts, a failing sink is logged.
@@ -9,7 +10,6 @@ never sees a sink's exception: a full buffer drops and counts, a failing sink is
 
 from __future__ import annotations
 
-import atexit
 import collections
 
 # pa.array() imports pandas, when installed, the first time it runs; when that is the exit
@@ -19,7 +19,6 @@ import concurrent.futures.thread  # noqa: F401
 import logging
 import os
 import re
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -27,15 +26,18 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from chiptrace._rows import rows_to_batch
+from chiptrace import _fastrows
+from chiptrace._exit import cancel_exit, on_exit
 from chiptrace.config import Config
 from chiptrace.errors import ChipError
 from chiptrace.schema import SPAN_SCHEMA, dumps
 from chiptrace.store import PartWriter
 
 log = logging.getLogger("chiptrace")
+__all__ = ["Recorder", "SpanSink", "StoreSink", "describe", "on_exit", "cancel_exit"]
 
 _POLL_S = 0.05
+CHUNK = 1024  # rows per buffer chunk
 
 
 def _why(e: BaseException) -> str:
@@ -58,6 +60,8 @@ class SpanSink(Protocol):
 
 class StoreSink:
     """The Parquet store as a sink: one part per flush."""
+
+    takes_tables = True  # a whole flush in one call, no re-batching
 
     def __init__(self, writer: PartWriter) -> None:
         self.writer = writer
@@ -87,8 +91,16 @@ class Recorder:
         self.config = config
         self.sinks: list[SpanSink] = list(sinks)
         self.writer = writer
-        self.rows: collections.deque[Any] = collections.deque()
+        # The buffer: the traced threads append rows to `cur`; every CHUNK rows `roll`
+        # turns it into a tuple. Rows are tuples of ints and strings, so once a collection
+        # has seen them the garbage collector untracks them, and then the chunk tuples:
+        # a million buffered spans cost the collector nothing.
         self.max_buffered = config.max_buffered
+        self.chunk_rows = min(CHUNK, self.max_buffered)
+        self.cur: list[Any] = []
+        self._full: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._full_rows = 0
+        self._roll_lock = threading.Lock()
         self.dropped = 0
         self.sink_errors = 0
         self.spans_flushed = 0
@@ -118,8 +130,27 @@ class Recorder:
             "scope": "chiptrace",
             "resource": dumps(resource),
         }
+        self._warm_up()
         self._thread = threading.Thread(target=self._run, name="chiptrace-writer", daemon=True)
         self._thread.start()
+
+    def _warm_up(self) -> None:
+        """Convert a few rows once now (~0.1 s): the first conversion imports and sets up
+        what NumPy and pyarrow need (pa.array imports pandas where installed), and on the
+        writer thread that would hold the GIL while the program runs."""
+        from chiptrace import _sites
+        from chiptrace.schema import NO_TAGS
+
+        site = _sites.site("chiptrace.warm-up", NO_TAGS, 1)
+        rows: list[tuple[Any, ...]] = [(site, 1, 1, 1, 0, 1, 2)]
+        if site < 0:
+            rows = []
+        rows.append((NO_TAGS, 1, 1, 2, 1, 1, 2, "w", 1, 0, None, {"a": 1}, None, None))
+        try:
+            batches, _ = _fastrows.convert(rows, self.constants)
+            pa.Table.from_batches(batches, SPAN_SCHEMA).combine_chunks()
+        except Exception:  # noqa: BLE001 - a warm-up failure shows again at the first flush
+            log.debug("chiptrace: warm-up conversion failed", exc_info=True)
 
     # ------------------------------------------------------------ ingest
 
@@ -129,11 +160,37 @@ class Recorder:
             self.dropped += n
 
     def record(self, row: Any) -> None:
-        """Buffer one decorated-span row; drop and count when the buffer is full."""
-        if len(self.rows) < self.max_buffered:
-            self.rows.append(row)
-        else:
-            self.drop()
+        """Buffer one span row (see chiptrace._fastrows); a full buffer drops and counts."""
+        cur = self.cur
+        cur.append(row)
+        if len(cur) >= self.chunk_rows:
+            self.roll()
+
+    def roll(self) -> None:
+        """Set the current chunk aside as a tuple; called by the traced thread that filled
+        it (once per CHUNK spans). Rows beyond max_buffered are dropped and counted here,
+        so the hot path never checks the bound itself."""
+        with self._roll_lock:
+            cur = self.cur
+            if len(cur) < self.chunk_rows:
+                return  # another thread rolled it first
+            self.cur = []
+            self._keep(cur)
+        if self._full_rows >= self.config.flush_spans:
+            self._wake.set()
+
+    def _keep(self, rows: list[Any]) -> None:
+        room = self.max_buffered - self._full_rows
+        if room < len(rows):
+            self.drop(len(rows) - max(room, 0))
+            rows = rows[: max(room, 0)]
+        if rows:
+            self._full.append(tuple(rows))
+            self._full_rows += len(rows)
+
+    def chunks(self) -> list[tuple[Any, ...]]:
+        """The full chunks buffered now (for tests and diagnostics)."""
+        return list(self._full)
 
     def write_batch(self, batch: pa.RecordBatch, block: bool = False) -> bool:
         """Buffer whole columns. Returns False when the batch was dropped.
@@ -160,30 +217,58 @@ class Recorder:
 
     @property
     def pending(self) -> int:
-        return len(self.rows) + self._batch_rows
+        return len(self.cur) + self._full_rows + self._batch_rows
 
     # ------------------------------------------------------------ flush
 
     def _take(self) -> list[pa.RecordBatch]:
-        n = len(self.rows)
-        out: list[pa.RecordBatch] = []
-        if n:
-            popleft = self.rows.popleft
-            rows = [popleft() for _ in range(n)]
-            try:
-                batch, rejected = rows_to_batch(rows, self.constants)
-            except Exception:  # noqa: BLE001 - a bug in the conversion must not kill the writer
-                log.exception("chiptrace: could not convert %d buffered spans; dropped", n)
-                self.drop(n)
-            else:
-                if rejected:
-                    self._reject(rejected)
-                out.append(batch)
+        with self._roll_lock:
+            cur, self.cur = self.cur, []
+            self._keep(cur)
+            chunks = list(self._full)
+            self._full.clear()
+            self._full_rows = 0
+        out = self._convert(chunks) if chunks else []
         with self._space:
             while self._batches:
                 out.append(self._batches.popleft())
             self._batch_rows = 0
             self._space.notify_all()
+        return out
+
+    def _convert(self, chunks: list[tuple[Any, ...]]) -> list[pa.RecordBatch]:
+        """Rows to batches slice by slice; on the writer thread the GIL goes to the
+        program's threads between chunks (see chiptrace._fastrows)."""
+        yielding = threading.current_thread() is self._thread
+        conv = _fastrows.Converter(self.constants, _fastrows.pause if yielding else None)
+        failed = 0
+        for part in chunks:
+            try:
+                conv.add(part)
+            except Exception:  # noqa: BLE001 - a bug in the conversion must not kill the writer
+                log.exception("chiptrace: could not convert %d buffered spans; dropped", len(part))
+                failed += len(part)
+            if yielding:
+                _fastrows.pause()
+            if conv.due:
+                lost = conv.lost
+                try:
+                    conv.build()
+                except Exception:  # noqa: BLE001
+                    log.exception("chiptrace: could not convert buffered spans; dropped")
+                    failed += conv.lost - lost
+                if yielding:
+                    _fastrows.pause()
+        try:
+            out = conv.finish()
+        except Exception:  # noqa: BLE001
+            log.exception("chiptrace: could not convert buffered spans; dropped")
+            failed += conv.lost
+            out = conv.batches
+        if failed:
+            self.drop(failed)
+        if conv.bad:
+            self._reject(conv.bad)
         return out
 
     def _reject(self, rejected: Mapping[int, str]) -> None:
@@ -202,22 +287,29 @@ class Recorder:
             batches = self._take()
             total = sum(b.num_rows for b in batches)
             if total:
+                # combine_chunks and the Parquet encoding run in C++ without the GIL.
                 table = pa.Table.from_batches(batches, SPAN_SCHEMA).combine_chunks()
-                for batch in table.to_batches(max_chunksize=1 << 20):
-                    self._emit(batch)
+                self._emit(table)
                 self.spans_flushed += total
             if self.writer is not None and (total or self.dropped != self._dropped_recorded):
                 self._update_manifest()
             return total
 
-    def _emit(self, batch: pa.RecordBatch) -> None:
+    def _emit(self, table: pa.Table) -> None:
+        batches: list[pa.RecordBatch] | None = None
         for i, sink in enumerate(self.sinks):
             try:
-                sink.write(batch)
+                if getattr(sink, "takes_tables", False):
+                    sink.write(table)
+                else:
+                    if batches is None:
+                        batches = table.to_batches(max_chunksize=1 << 20)
+                    for batch in batches:
+                        sink.write(batch)
             except Exception as e:  # noqa: BLE001 - sinks never raise into the traced program
                 self.sink_errors += 1
                 if i == 0:
-                    self.drop(batch.num_rows)
+                    self.drop(table.num_rows)
                     self.store_error = self.store_error or _why(e)
                 # One line when a sink starts failing (a full disk fails every flush).
                 if i not in self._failing:
@@ -264,7 +356,9 @@ class Recorder:
     def abandon(self) -> None:
         """Forget buffered spans and sinks without writing (a forked child's inherited copy)."""
         self._stop = True
-        self.rows = collections.deque()
+        self.cur = []
+        self._full = collections.deque()
+        self._full_rows = 0
         self._batches.clear()
         self._batch_rows = 0
         self.sinks = []
@@ -286,101 +380,6 @@ class Recorder:
                 sink.close()
             except Exception as e:  # noqa: BLE001
                 log.warning("chiptrace: closing %s failed: %s", type(sink).__name__, e)
-
-
-# ---------------------------------------------------------------- process exit
-#
-# The SIGTERM handler only writes a byte to a pipe: Python runs handlers on the main thread
-# between bytecodes, so a handler that flushed would wait for a lock the interrupted main
-# thread may hold (its own flush()) and never return. A watcher thread reads the pipe, runs
-# the exit hooks on an ordinary thread, then ends the process as SIGTERM would have.
-
-_exit_hooks: list[Callable[[], None]] = []
-_installed = False
-_signal_pipe: tuple[int, int] | None = None
-
-
-def on_exit(hook: Callable[[], None]) -> None:
-    """Run `hook` at interpreter exit and on SIGTERM (when nobody else handles SIGTERM)."""
-    global _installed
-    _exit_hooks.append(hook)
-    if _installed:
-        return
-    _installed = True
-    atexit.register(_run_exit_hooks)
-    if threading.current_thread() is threading.main_thread():
-        try:
-            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-                _start_watcher()
-                signal.signal(signal.SIGTERM, _on_sigterm)
-        except (ValueError, OSError):
-            pass
-
-
-def cancel_exit(hook: Callable[[], None]) -> None:
-    """Forget a hook registered with `on_exit` (a replaced recorder): nothing keeps it alive."""
-    try:
-        _exit_hooks.remove(hook)
-    except ValueError:
-        pass
-
-
-def _run_exit_hooks() -> None:
-    while True:
-        try:
-            hook = _exit_hooks.pop()
-        except IndexError:
-            return
-        try:
-            hook()
-        except Exception:  # noqa: BLE001
-            log.exception("chiptrace: exit hook failed")
-
-
-def _start_watcher() -> None:
-    global _signal_pipe
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    _signal_pipe = (r, w)
-    threading.Thread(target=_watch, args=(r,), name="chiptrace-sigterm", daemon=True).start()
-
-
-def _watch(fd: int) -> None:
-    try:
-        if not os.read(fd, 1):
-            return
-    except OSError:
-        return
-    _run_exit_hooks()
-    # _on_sigterm reset the disposition to the default (signal.signal() works only on the
-    # main thread), so this ends the process with the status SIGTERM gives.
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-    if _signal_pipe is None:
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-    try:
-        os.write(_signal_pipe[1], b"T")
-    except OSError:  # the pipe is full: a wake-up is already pending
-        pass
-
-
-def _after_fork_in_child() -> None:
-    """The watcher thread does not survive fork: a child gets its own pipe and thread."""
-    global _signal_pipe
-    if _signal_pipe is not None:
-        for fd in _signal_pipe:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        _start_watcher()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def describe(recorder: Recorder) -> Mapping[str, Any]:

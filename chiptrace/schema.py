@@ -8,6 +8,7 @@ Arrow schema of a Parquet part, and the conversions into it; nothing else define
 from __future__ import annotations
 
 import json
+import json.encoder
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -180,9 +181,32 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+# One C encoder for every call: json.dumps with options builds a new encoder each time,
+# which costs more than encoding a small attribute map. No circular-reference markers
+# (a cycle ends in RecursionError, turned into ValueError below).
+_encode = (
+    json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+        None, str, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
+    )
+    if getattr(json.encoder, "c_make_encoder", None)
+    else None
+)
+_slow_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+
 def dumps(value: Any) -> str:
-    """JSON for attribute maps, events and links: compact, and never fails on odd values."""
-    return json.dumps(value, separators=(",", ":"), default=str)
+    """JSON for attribute maps, events and links: compact, and never fails on odd values
+    (anything JSON has no type for is written as its str()).
+
+    Raises:
+        TypeError: a key that is not a string or number; ValueError: a cycle.
+    """
+    if _encode is None:
+        return _slow_encode(value)
+    try:
+        return "".join(_encode(value, 0))
+    except RecursionError:
+        raise ValueError("circular reference") from None
 
 
 def ids_to_binary(ids: Any, zero_is_null: bool = False) -> pa.FixedSizeBinaryArray:

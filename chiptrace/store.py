@@ -40,11 +40,17 @@ PART_SUFFIX = ".parquet"
 
 # Emulator-like spans repeat names, chips and parents and carry near-sorted times, so
 # dictionary + delta encodings with zstd get them well under 32 bytes a span.
+# A span id is unique per row, so a dictionary for it only costs: building one and
+# falling back to plain took a third of the Parquet write of 1M decorated spans
+# (0.35 -> 0.22 us a span) and made the file 4% larger.
 _DELTA_COLUMNS = ("start_ns", "end_ns", "op_bytes", "op_flops")
+_UNIQUE_COLUMNS = ("span_id",)
 SPAN_WRITE_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "compression_level": 3,
-    "use_dictionary": [c for c in SPAN_SCHEMA.names if c not in _DELTA_COLUMNS],
+    "use_dictionary": [
+        c for c in SPAN_SCHEMA.names if c not in _DELTA_COLUMNS and c not in _UNIQUE_COLUMNS
+    ],
     "column_encoding": {c: "DELTA_BINARY_PACKED" for c in _DELTA_COLUMNS},
     "write_statistics": ["start_ns", "end_ns", "chip_type", "chip_id", "name"],
 }

@@ -1,0 +1,160 @@
+"""Buffered rows -> Arrow, in slices small enough that the traced program never waits.
+
+A decorated call that sets nothing ends as a plain row, seven ints:
+
+    (site, trace_hi, trace_lo, span_id, parent_id, start_ns, end_ns)
+
+(chiptrace._sites numbers the sites). Plain rows convert with one np.fromiter a chunk
+and a NumPy take per column; any other row is a general row (chiptrace._rows), checked per span.
+
+The writer thread converts a buffer chunk by chunk and sleeps ~0.2 ms between chunks:
+a Python thread that never blocks keeps the GIL for up to the switch interval (5 ms),
+and that wait lands on whatever call the program's thread is making. A slice of plain
+rows (one 1,024-row buffer chunk) holds the GIL for a few tenths of a millisecond, and
+so does building a batch of 4,096 of them; general rows cost ~10x more a row, so their
+slices are smaller. On a loaded machine a thread can also be preempted while it holds
+the GIL: shorter holds make that rarer too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from chiptrace import _sites
+from chiptrace._rows import rows_to_batch
+from chiptrace.schema import TAG_COLUMNS, batch_from_columns, ids_to_binary
+
+PLAIN_LEN = 7
+_flatten = itertools.chain.from_iterable
+RICH_SLICE = 256
+PAUSE_S = 0.0002
+
+
+def _trace_ids(hi: np.ndarray, lo: np.ndarray) -> pa.FixedSizeBinaryArray:
+    both = np.empty((len(hi), 2), dtype=">u8")
+    both[:, 0] = hi
+    both[:, 1] = lo
+    buf = pa.py_buffer(both.tobytes())
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(hi), [None, buf])
+
+
+def _dict_column(codes: np.ndarray, dictionary: pa.Array) -> pa.DictionaryArray:
+    missing = codes < 0
+    indices = pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
+    return pa.DictionaryArray.from_arrays(indices, dictionary)
+
+
+def plain_batch(a: np.ndarray, constants: Mapping[str, Any]) -> pa.RecordBatch:
+    """One RecordBatch from plain rows (as an n x 7 uint64 array) of numbered sites
+    without static attributes."""
+    n = len(a)
+    site = a[:, 0].astype(np.int32)
+    cols = _sites.columns(int(site.max()) + 1 if n else 0)
+    columns: dict[str, Any] = {
+        "trace_id": _trace_ids(a[:, 1], a[:, 2]),
+        "span_id": ids_to_binary(a[:, 3]),
+        "parent_span_id": ids_to_binary(a[:, 4], zero_is_null=True),
+        "name": _dict_column(cols.name_codes[site], cols.name_dict),
+        "kind": cols.kinds[site],
+        "start_ns": a[:, 5].view(np.int64),
+        "end_ns": a[:, 6].view(np.int64),
+        **{c: _dict_column(cols.codes[c][site], cols.dicts[c]) for c in TAG_COLUMNS},
+        **constants,
+    }
+    return batch_from_columns(columns, n)
+
+
+def _as_rich(row: tuple[int, ...]) -> tuple[Any, ...]:
+    """A plain row as a general one (its site's decorator set static attributes)."""
+    i = row[0]
+    return (_sites.TAGS[i], *row[1:], _sites.NAMES[i], _sites.KINDS[i], 0, None, None, None, None)
+
+
+class Converter:
+    """Converts one flush, slice by slice (`add`), into batches (`finish`).
+
+    Plain rows wait as NumPy arrays and become one batch per GROUP rows: building a batch
+    costs about a millisecond whatever its size, so a batch per slice would cost more than
+    the slice. General rows become a batch per slice (they are checked per span).
+    """
+
+    GROUP = 4096
+
+    def __init__(
+        self, constants: Mapping[str, Any], pause: Callable[[], None] | None = None
+    ) -> None:
+        self.constants = constants
+        self.pause = pause  # called between pieces of general rows
+        self.batches: list[pa.RecordBatch] = []
+        self.bad: dict[int, str] = {}  # why each left-out span was left out
+        self.lost = 0  # spans a failed conversion cost (a bug: logged where caught)
+        self._arrays: list[np.ndarray] = []
+        self._waiting = 0
+
+    def add(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Convert one slice: a buffer chunk (1,024 rows at most)."""
+        if set(map(len, rows)) == {PLAIN_LEN}:
+            plain, rich = rows, []
+        else:
+            plain = [r for r in rows if len(r) == PLAIN_LEN]
+            rich = [r for r in rows if len(r) != PLAIN_LEN]
+        if plain:
+            # fromiter over the flattened rows: 2.4x faster than np.array on the tuples.
+            flat = np.fromiter(_flatten(plain), np.uint64, PLAIN_LEN * len(plain))
+            a = flat.reshape(len(plain), PLAIN_LEN)
+            site = a[:, 0].astype(np.int32)
+            static = _sites.columns(int(site.max()) + 1).has_attributes[site]
+            if static.any():  # sites whose decorator set attributes: checked as general rows
+                rich = [*rich, *(_as_rich(plain[i]) for i in np.flatnonzero(static).tolist())]
+                a = a[~static]
+            if len(a):
+                self._arrays.append(a)
+                self._waiting += len(a)
+        for start in range(0, len(rich), RICH_SLICE):
+            if start and self.pause is not None:
+                self.pause()
+            batch, bad = rows_to_batch(rich[start : start + RICH_SLICE], self.constants)
+            self.batches.append(batch)
+            for why in bad.values():
+                self.bad[len(self.bad)] = why
+
+    @property
+    def due(self) -> bool:
+        """Enough plain rows wait for a batch (the caller builds it between pauses)."""
+        return self._waiting >= self.GROUP
+
+    def build(self) -> None:
+        """One batch of the plain rows waiting."""
+        arrays, n = self._arrays, self._waiting
+        self._arrays, self._waiting = [], 0
+        try:
+            a = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            self.batches.append(plain_batch(a, self.constants))
+        except Exception:  # noqa: BLE001 - counted by the caller, never raised into it
+            self.lost += n
+            raise
+
+    def finish(self) -> list[pa.RecordBatch]:
+        if self._arrays:
+            self.build()
+        return self.batches
+
+
+def convert(
+    rows: Sequence[tuple[Any, ...]], constants: Mapping[str, Any]
+) -> tuple[list[pa.RecordBatch], dict[int, str]]:
+    """Batches for a few rows at once, and {i: why} for the general rows left out."""
+    conv = Converter(constants)
+    conv.add(rows)
+    return conv.finish(), conv.bad
+
+
+def pause() -> None:
+    """Hand the GIL to the program's threads between slices."""
+    time.sleep(PAUSE_S)

@@ -1,0 +1,135 @@
+"""The `@trace` wrapper of a plain function, compiled once per decorated function.
+
+Its source is generated with the function's own parameters (`def f(x, y=_d0, *, k)`
+calls `fn(x, y, k=k)`: no *args tuple or **kwargs dict per call) and its site number
+(chiptrace._sites: name, kind, tags) written in as a literal; everything else it reads
+is a global of one shared dict, G, that chiptrace._span keeps current (the enabled
+flag, the recorder, the id counter). A call then costs: a flag check, the parent from
+the context, an id, a `Live` tuple in a new context dict, two clock reads and one list
+append. Functions whose signature cannot be read (some builtins) get the same body
+with `*args, **kwargs`.
+
+Measured beside the earlier closure (a span object per call) on the same loaded 2-core
+VM: about a third of its cost (benchmarks/bench_hotpath.py has today's figures).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+# Filled in by chiptrace._span at import (and kept current by its _State setters).
+G: dict[str, Any] = {"ON": True, "REC": None, "REMOTE": None}
+
+_BODY = """
+def make(fn, {defaults}):
+    def wrapper({params}):
+        if not ON:
+            return fn({args})
+        _ct_ctx = get()
+        _ct_parent = _ct_ctx.get(KEY)
+        _ct_sid = new_id()
+        if _ct_parent.__class__ is Live:
+            _ct_th, _ct_tl, _ct_pid, _ct_start = _ct_parent
+        elif _ct_parent is None and REMOTE is None:
+            _ct_th = HI
+            _ct_tl = _ct_sid
+            _ct_pid = 0
+        else:
+            _ct_th, _ct_tl, _ct_pid = parent_ids(_ct_parent, _ct_sid)
+        # A context holding nothing but the parent span (the usual case) is replaced
+        # whole: a one-key dict costs less than copying the old one.
+        _ct_start = now()
+        if len(_ct_ctx) == (_ct_parent is not None):
+            _ct_token = set({{KEY: Live((_ct_th, _ct_tl, _ct_sid, _ct_start))}})
+        else:
+            _ct_token = set({{**_ct_ctx, KEY: Live((_ct_th, _ct_tl, _ct_sid, _ct_start))}})
+        try:
+            return fn({args})
+        except BaseException as _ct_e:
+            fail_live(_ct_th, _ct_tl, _ct_sid, _ct_e)
+            raise
+        finally:
+            _ct_end = now()
+            try:
+                reset(_ct_token)
+            except ValueError:
+                pass
+            if EXTRA and _ct_sid in EXTRA:
+                end_live(_ct_th, _ct_tl, _ct_sid, {site}, _ct_pid, _ct_start, _ct_end)
+            elif REC is None:
+                record_first(({site}, _ct_th, _ct_tl, _ct_sid, _ct_pid, _ct_start, _ct_end))
+            else:
+                _ct_cur = REC.cur
+                _ct_cur.append(({site}, _ct_th, _ct_tl, _ct_sid, _ct_pid, _ct_start, _ct_end))
+                if len(_ct_cur) >= REC.chunk_rows:
+                    REC.roll()
+    return wrapper
+"""
+
+_GENERIC: tuple[str, str, list[str]] = ("*args, **kwargs", "*args, **kwargs", [])
+# Globals the body reads: a parameter of the same name would shadow one.
+_RESERVED = frozenset(
+    "fn make ON REC REMOTE HI KEY Live get set reset now new_id parent_ids fail_live "
+    "end_live record_first EXTRA".split()
+)
+
+
+def _signature(fn: Callable[..., Any]) -> tuple[str, str, list[Any]]:
+    """(parameters, call arguments, default values) mirroring fn's own signature."""
+    try:
+        sig = inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return _GENERIC
+    params: list[str] = []
+    args: list[str] = []
+    defaults: list[Any] = []
+    star = False
+    kinds = inspect.Parameter
+    last_positional_only = max(
+        (i for i, p in enumerate(sig.parameters.values()) if p.kind is kinds.POSITIONAL_ONLY),
+        default=-1,
+    )
+    for i, p in enumerate(sig.parameters.values()):
+        name = p.name
+        if name.startswith("_ct_") or name in _RESERVED:
+            return _GENERIC
+        text = name
+        if p.default is not kinds.empty:
+            text = f"{name}=_ct_d{len(defaults)}"
+            defaults.append(p.default)
+        if p.kind is kinds.VAR_POSITIONAL:
+            text, star = f"*{name}", True
+            args.append(f"*{name}")
+        elif p.kind is kinds.VAR_KEYWORD:
+            text = f"**{name}"
+            args.append(f"**{name}")
+        elif p.kind is kinds.KEYWORD_ONLY:
+            if not star:
+                params.append("*")
+                star = True
+            args.append(f"{name}={name}")
+        else:
+            args.append(name)
+        params.append(text)
+        if i == last_positional_only:
+            params.append("/")
+    return ", ".join(params), ", ".join(args), defaults
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(params: str, args: str, n_defaults: int, site: int) -> Any:
+    defaults = ", ".join(f"_ct_d{i}" for i in range(n_defaults)) or "_ct_unused=None"
+    source = _BODY.format(params=params, args=args, defaults=defaults, site=site)
+    return compile(source, f"<chiptrace.trace site {site}>", "exec")
+
+
+def wrap(fn: Callable[..., Any], site: int) -> Callable[..., Any]:
+    """The traced version of the plain function `fn`, whose spans are site `site`."""
+    params, args, defaults = _signature(fn)
+    namespace: dict[str, Any] = {}
+    exec(_compiled(params, args, len(defaults), site), G, namespace)  # noqa: S102
+    wrapper = namespace["make"](fn, *defaults)
+    return functools.wraps(fn)(wrapper)

@@ -1,0 +1,186 @@
+"""The hot path's structure (its speed is benchmarks/bench_hotpath.py's business): rows the
+garbage collector never scans, no span objects kept, conversion in slices, the id layout,
+the compiled wrapper's signature and its disabled path."""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import re
+import threading
+import weakref
+from pathlib import Path
+
+import pytest
+
+import chiptrace
+from chiptrace import _fastrows, _span
+from chiptrace.propagation import inject
+from chiptrace.schema import NO_TAGS
+
+
+@chiptrace.trace(chip="gpu:0")
+def leaf(x: int) -> int:
+    return x + 1
+
+
+@chiptrace.trace
+def root(n: int) -> int:
+    return sum(leaf(i) for i in range(n))
+
+
+def _rows(directory: Path) -> list[dict]:
+    chiptrace.flush()
+    con = chiptrace.connect(directory)
+    return con.sql("SELECT * FROM spans ORDER BY start_ns").to_arrow_table().to_pylist()
+
+
+def test_buffered_rows_are_untracked_int_tuples(trace_dir: Path) -> None:
+    rec = chiptrace.get_recorder()
+    root(3000)
+    gc.collect()  # a collection untracks tuples of atomic values, then tuples of those
+    gc.collect()
+    chunks = rec.chunks()
+    assert len(chunks) >= 2 and all(len(c) == rec.chunk_rows for c in chunks)
+    assert not any(gc.is_tracked(c) for c in chunks)
+    assert not any(gc.is_tracked(r) for c in chunks for r in c)
+    assert all(type(v) is int for c in chunks for r in c for v in r)
+
+
+def test_no_span_object_outlives_its_span(trace_dir: Path) -> None:
+    with chiptrace.span("block", attributes={"k": 1}) as s:
+        leaf(1)
+    ref = weakref.ref(s)
+    del s
+    assert ref() is None  # the row holds values, not the span
+    assert not _span._EXTRA
+
+
+def test_general_rows_convert_in_pieces_with_pauses_between(trace_dir: Path) -> None:
+    pauses = []
+    conv = _fastrows.Converter(chiptrace.get_recorder().constants, lambda: pauses.append(1))
+    general = [
+        (NO_TAGS, 1, 1, i + 1, 0, 10, 20, "g", 1, 0, None, {"i": i}, None, None)
+        for i in range(1024)
+    ]
+    conv.add(tuple(general))
+    batches = conv.finish()
+    assert [b.num_rows for b in batches] == [_fastrows.RICH_SLICE] * (1024 // 256)
+    assert len(pauses) == len(batches) - 1 and not conv.bad
+
+
+def test_writer_thread_converts_everything_in_slices(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    rec = chiptrace.init(out, flush_interval_s=0.05)
+    try:
+        root(5000)
+        with chiptrace.span("tagged", chip="cpu:0", attributes={"op.bytes": 7}):
+            pass
+        deadline = threading.Event()
+        for _ in range(200):
+            if rec.spans_flushed >= 5002:
+                break
+            deadline.wait(0.05)
+    finally:
+        chiptrace.shutdown()
+    con = chiptrace.connect(out)
+    counts = dict(con.sql("SELECT name, count(*) FROM spans GROUP BY name").fetchall())
+    assert counts == {"root": 1, "leaf": 5000, "tagged": 1}
+    leaves = con.sql("SELECT DISTINCT chip_id, op_kind FROM spans WHERE name='leaf'").fetchall()
+    assert leaves == [("gpu:0", "compute")]
+    assert con.sql("SELECT op_bytes FROM spans WHERE name='tagged'").fetchall() == [(7,)]
+
+
+def test_trace_id_is_process_half_and_root_span_id(trace_dir: Path) -> None:
+    seen: list[str] = []
+
+    @chiptrace.trace
+    def capture() -> None:
+        seen.append(inject({})["traceparent"])
+
+    capture()
+    capture()
+    root(2)
+    for header in seen:
+        assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", header)
+    rows = _rows(trace_dir)
+    roots = [r for r in rows if r["parent_span_id"] is None]
+    assert len(roots) == 3
+    # Ids read back as hex: the high half is the process's, the low half the root's id.
+    assert len({r["trace_id"][:16] for r in roots}) == 1
+    for r in roots:
+        assert r["trace_id"][16:] == r["span_id"] and int(r["trace_id"], 16) != 0
+    ids = [r["span_id"] for r in rows]
+    assert len(set(ids)) == len(ids) and "0" * 16 not in ids
+    by_id = {r["span_id"]: r for r in rows}
+    for r in rows:
+        if r["parent_span_id"] is not None:
+            assert by_id[r["parent_span_id"]]["trace_id"] == r["trace_id"]
+
+
+def test_writes_to_a_decorated_calls_span_and_its_exception(trace_dir: Path) -> None:
+    @chiptrace.trace(op="io", name="annotated")
+    def annotated() -> None:
+        chiptrace.current_span().set_attribute("rows", 3)
+        chiptrace.current_span().add_event("halfway")
+
+    @chiptrace.trace(name="failing")
+    def failing() -> None:
+        raise KeyError("x")
+
+    annotated()
+    with pytest.raises(KeyError):
+        failing()
+    assert not _span._EXTRA
+    rows = {r["name"]: r for r in _rows(trace_dir)}
+    assert rows["annotated"]["attributes"] == '{"rows":3}'
+    assert "halfway" in rows["annotated"]["events"] and rows["annotated"]["op_kind"] == "io"
+    assert rows["failing"]["status_code"] == 2 and "KeyError" in rows["failing"]["events"]
+
+
+def test_wrapper_keeps_the_signature_and_the_calling_conventions(trace_dir: Path) -> None:
+    def original(a, /, b, c=3, *args, d, e=5, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        return (a, b, c, args, d, e, kw)
+
+    traced = chiptrace.trace(original)
+    assert inspect.signature(traced) == inspect.signature(original)
+    assert traced(1, 2, d=4) == original(1, 2, d=4)
+    assert traced(1, b=2, c=9, d=4, z=0) == original(1, b=2, c=9, d=4, z=0)
+    assert traced(1, 2, 3, 4, 5, d=6, e=7) == original(1, 2, 3, 4, 5, d=6, e=7)
+    with pytest.raises(TypeError):
+        traced(a=1, b=2, d=4)  # positional-only stays positional-only
+
+    class Thing:
+        @chiptrace.trace
+        def method(self, fn, now=1):  # noqa: ANN001, ANN201 - names the wrapper uses inside
+            return (fn, now)
+
+    assert Thing().method(2) == (2, 1)
+
+
+def test_disabled_at_run_time_returns_the_result_and_records_nothing(tmp_path: Path) -> None:
+    assert chiptrace.init(tmp_path / "off", enabled=False) is None
+    try:
+        assert root(3) == 6
+        with chiptrace.span("nothing"):
+            assert leaf(1) == 2
+    finally:
+        chiptrace.shutdown()
+        chiptrace.init(tmp_path / "on")  # enabled again for the tests after this one
+        chiptrace.shutdown()
+    assert not (tmp_path / "off").exists() or not list((tmp_path / "off").rglob("*.parquet"))
+
+
+def test_a_decorated_calls_span_shows_its_start_and_ids(trace_dir: Path) -> None:
+    seen = []
+
+    @chiptrace.trace(name="probe")
+    def probe() -> None:
+        s = chiptrace.current_span()
+        seen.append((s.get_span_context(), s.start_ns, s.is_recording()))
+
+    probe()
+    ctx, start, recording = seen[0]
+    (row,) = [r for r in _rows(trace_dir) if r["name"] == "probe"]
+    assert ctx.is_valid and recording and start == row["start_ns"]
+    assert f"{ctx.span_id:016x}" == row["span_id"] and f"{ctx.trace_id:032x}" == row["trace_id"]
