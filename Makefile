@@ -1,8 +1,10 @@
-.PHONY: install test test-load lint bench demo
+.PHONY: install test test-load test-timing lint bench demo
 install:
 	python3 -m pip install -e '.[test]'
 test:
 	python3 -m pytest -q
+test-timing:
+	python3 -m pytest -q -m timing
 test-load:
 	CHIPTRACE_LOAD_TESTS=1 python3 -m pytest -q -m load
 # Style, types, then the layer contracts (docs/architecture.md). mypy and import-linter run on

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from chiptrace.topology import ID_KEYS, KEYS, TYPE_KEYS
+
 # Op spans: leaf work on a chip. The parents of chip spans are few (steps, phases), so the
 # anti-join builds its hash table on them, not on millions of children (0.4 s, not 4 s, on 10M).
 # Children are looked for over the whole store: leafness must not depend on the window.
@@ -109,22 +111,35 @@ FROM u JOIN n USING (chip_type)
 GROUP BY u.window_index, u.window_start_ns, u.chip_type, n.chips
 """
 
-# Link bandwidth in bytes/s from the run manifests' topology, where the run recorded one.
-TOPOLOGY_LINKS = """
+
+def _figure_sql(figure: str) -> str:
+    """SQL for one figure of a manifest link `j`, from chiptrace.topology's key table: the
+    first key holding a number > 0, times its unit. The same rule as `parse_topology`, so
+    the SQL views, the report and the dashboard read a manifest alike."""
+    terms = ", ".join(
+        f"CASE WHEN TRY_CAST(j->>'{key}' AS DOUBLE) > 0 "
+        f"THEN TRY_CAST(j->>'{key}' AS DOUBLE) * {mult!r} END"
+        for key, mult in KEYS[figure].items()
+    )
+    return f"coalesce({terms})"
+
+
+# Link bandwidth in bytes/s from the run manifests' topology, where the run recorded one
+# (a list of links; chiptrace.topology also reads a table by id).
+TOPOLOGY_LINKS = f"""
 CREATE OR REPLACE VIEW topology_links AS
 WITH l AS (
     SELECT unnest(CAST(json_extract(manifest, '$.topology.links') AS JSON[])) AS j FROM runs
-    WHERE json_type(json_extract(manifest, '$.topology.links')) = 'ARRAY')
+    WHERE json_type(json_extract(manifest, '$.topology.links')) = 'ARRAY'),
+k AS (SELECT j, coalesce({", ".join(f"nullif(j->>'{k}', '')" for k in ID_KEYS["links"])}) AS link_id
+      FROM l)
 SELECT DISTINCT
-       coalesce(j->>'id', j->>'link_id', j->>'name') AS link_id,
-       j->>'type' AS link_type,
-       coalesce(TRY_CAST(j->>'bandwidth_Bps' AS DOUBLE), TRY_CAST(j->>'bandwidth_bps' AS DOUBLE) / 8,
-                TRY_CAST(j->>'bandwidth_GBps' AS DOUBLE) * 1e9, TRY_CAST(j->>'bandwidth' AS DOUBLE))
-         AS bandwidth_Bps,
-       coalesce(TRY_CAST(j->>'latency_ns' AS DOUBLE), TRY_CAST(j->>'latency_us' AS DOUBLE) * 1e3,
-                TRY_CAST(j->>'latency_s' AS DOUBLE) * 1e9, TRY_CAST(j->>'latency' AS DOUBLE) * 1e9)
-         AS latency_ns
-FROM l
+       link_id,
+       coalesce({", ".join(f"nullif(j->>'{k}', '')" for k in TYPE_KEYS["links"])},
+                split_part(link_id, ':', 1)) AS link_type,
+       {_figure_sql("bandwidth")} AS bandwidth_Bps,
+       {_figure_sql("latency_ns")} AS latency_ns
+FROM k WHERE link_id IS NOT NULL
 """
 
 # Device work and the call that launched it (an imported trace's `launch` links), with the

@@ -46,8 +46,9 @@ KEYS: dict[str, dict[str, float]] = {
     # a table {precision: figure}, or flat keys peak_flops_<precision> / peak_tflops_<precision>
     "peak_flops": {"peak_flops": 1.0, "peak": 1.0, "peak_tflops": 1e12, "flops": 1.0},
 }
-_ID_KEYS = {"chips": ("id", "chip_id"), "links": ("id", "link_id")}
-_TYPE_KEYS = {"chips": ("type", "chip_type"), "links": ("type", "link_type")}
+# Where an entry's id and type are (the first key present wins); the SQL views use these too.
+ID_KEYS = {"chips": ("id", "chip_id"), "links": ("id", "link_id", "name")}
+TYPE_KEYS = {"chips": ("type", "chip_type"), "links": ("type", "link_type")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,9 +219,9 @@ def _entries(section: Any, kind: str) -> list[tuple[str, str, Mapping[str, Any]]
     for key, e in pairs:
         if not isinstance(e, Mapping):
             continue
-        eid = str(next((e[k] for k in _ID_KEYS[kind] if e.get(k)), key))
+        eid = str(next((e[k] for k in ID_KEYS[kind] if e.get(k)), key))
         if eid:
-            given = next((e[k] for k in _TYPE_KEYS[kind] if e.get(k)), None)
+            given = next((e[k] for k in TYPE_KEYS[kind] if e.get(k)), None)
             out.append((eid, str(given or eid.rsplit("/", 1)[-1].split(":")[0]), e))
     return out
 
@@ -280,4 +281,13 @@ def merge_topologies(manifests: Iterable[Mapping[str, Any]]) -> Topology:
     return Topology(chips, list(links.values()))
 
 
-__all__ = ["ChipSpec", "LinkSpec", "Topology", "KEYS", "parse_topology", "merge_topologies"]
+__all__ = [
+    "ChipSpec",
+    "LinkSpec",
+    "Topology",
+    "KEYS",
+    "ID_KEYS",
+    "TYPE_KEYS",
+    "parse_topology",
+    "merge_topologies",
+]

@@ -26,52 +26,14 @@ import pyarrow as pa
 
 from chiptrace.schema import CHIP_TYPES
 from chiptrace.topology import parse_topology
+from chiptrace.viewer._ring import Ring, direction_key, ints, natural, strings
 from chiptrace.viewer.snapshot import SeriesRow, SlowSpan, Snapshot
 
 DEFAULT_BUCKET_NS = 10_000_000  # 10 ms: fine enough for a live rack, 4096 of them = 41 s
 DEFAULT_BUCKETS = 4096
-# float32: a 10 ms bucket's busy ns (< 2**24) stay exact, and an nvl72 rack's 2,900 link
-# directions x 4096 buckets x (busy, bytes) take ~100 MB instead of ~400 MB.
-_DTYPE = np.float32
 HISTORY_CELLS = 24
 HISTORY_LINKS = 32  # links given a history (the busiest); the rest: the window only
 SLOW_KEEP = 16  # slowest spans kept per batch; the window's slowest are among them
-
-
-class _Ring:
-    """Rows of accumulators over a ring of time buckets; grows a row per new key."""
-
-    def __init__(self, n_buckets: int) -> None:
-        self.keys: dict[Any, int] = {}
-        self.meta: list[dict[str, Any]] = []
-        self.busy = np.zeros((0, n_buckets), _DTYPE)
-        self.bytes = np.zeros((0, n_buckets), _DTYPE)
-
-    def row(self, key: Any, **meta: Any) -> int:
-        r = self.keys.get(key)
-        if r is None:
-            r = self.keys[key] = len(self.meta)
-            self.meta.append(dict(meta))
-            if r >= self.busy.shape[0]:  # grow by half: amortized O(1) per new key
-                grow = max(8, self.busy.shape[0] // 2)
-                pad = np.zeros((grow, self.busy.shape[1]), _DTYPE)
-                self.busy = np.vstack([self.busy, pad])
-                self.bytes = np.vstack([self.bytes, pad])
-        else:
-            for k, v in meta.items():
-                if v is not None and self.meta[r].get(k) is None:
-                    self.meta[r][k] = v
-        return r
-
-
-def _strings(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str | None]]:
-    """(codes with -1 for null, dictionary values) of a string or dictionary column."""
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
-    if not pa.types.is_dictionary(col.type):
-        col = col.dictionary_encode()
-    codes = col.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    return codes, col.dictionary.to_pylist()
 
 
 class LiveModel:
@@ -89,8 +51,8 @@ class LiveModel:
     ) -> None:
         self.bucket_ns = int(bucket_ns)
         self.n_buckets = int(n_buckets)
-        self.chips = _Ring(self.n_buckets)
-        self.links = _Ring(self.n_buckets)
+        self.chips = Ring(self.n_buckets)
+        self.links = Ring(self.n_buckets)
         self.head = -1  # absolute index of the newest bucket with data
         self.first = -1  # absolute index of the oldest bucket with data
         self.head_ns = 0
@@ -129,8 +91,8 @@ class LiveModel:
         n = batch.num_rows
         if not n:
             return
-        start = _ints(batch.column("start_ns"))
-        end = _ints(batch.column("end_ns"))
+        start = ints(batch.column("start_ns"))
+        end = ints(batch.column("end_ns"))
         end = np.maximum(end, start)
         with self._lock:
             first = int(start.min()) // self.bucket_ns
@@ -165,9 +127,9 @@ class LiveModel:
         self.head_ns = max(self.head_ns, max_end)
 
     def _ingest_chips(self, batch: pa.RecordBatch, start: np.ndarray, end: np.ndarray) -> None:
-        codes, values = _strings(batch.column("chip_id"))
-        tcodes, tvalues = _strings(batch.column("chip_type"))
-        kcodes, kvalues = _strings(batch.column("op_kind"))
+        codes, values = strings(batch.column("chip_id"))
+        tcodes, tvalues = strings(batch.column("chip_type"))
+        kcodes, kvalues = strings(batch.column("op_kind"))
         idle = kvalues.index("idle") if "idle" in kvalues else -2
         mask = (codes >= 0) & (kcodes != idle)
         if not mask.any():
@@ -188,13 +150,13 @@ class LiveModel:
         self._accumulate(self.chips.busy, r[keep], start[keep], end[keep])
 
     def _ingest_links(self, batch: pa.RecordBatch, start: np.ndarray, end: np.ndarray) -> None:
-        codes, values = _strings(batch.column("link_id"))
+        codes, values = strings(batch.column("link_id"))
         mask = codes >= 0
         if not mask.any():
             return
-        tcodes, tvalues = _strings(batch.column("link_type"))
-        scodes, svalues = _strings(batch.column("link_src"))
-        dcodes, dvalues = _strings(batch.column("link_dst"))
+        tcodes, tvalues = strings(batch.column("link_type"))
+        scodes, svalues = strings(batch.column("link_src"))
+        dcodes, dvalues = strings(batch.column("link_dst"))
         # A link direction is its own resource (links are full duplex).
         combo = np.stack([codes, scodes, dcodes], axis=1)[mask]
         uniq, first, inverse = np.unique(combo, axis=0, return_index=True, return_inverse=True)
@@ -206,13 +168,13 @@ class LiveModel:
             src = svalues[s] if s >= 0 else None
             dst = dvalues[d] if d >= 0 else None
             ltype = tvalues[tmask[j]] if tmask[j] >= 0 else lid.split(":")[0]
-            key = _direction_key(lid, ltype, src, dst)
+            key = direction_key(lid, ltype, src, dst)
             base = self.links.keys.get(lid)  # the other direction has the same bandwidth
             bw = self.links.meta[base].get("bandwidth") if base is not None else None
             rows[i] = self.links.row(key, type=ltype, src=src, dst=dst, bandwidth=bw)
         r = rows[inverse.ravel()]
         s, e = start[mask], end[mask]
-        nbytes = _ints(batch.column("op_bytes"), fill=0)[mask].astype(np.float64)
+        nbytes = ints(batch.column("op_bytes"), fill=0)[mask].astype(np.float64)
         rate = nbytes / np.maximum(e - s, 1)  # bytes spread evenly over the transfer
         self._accumulate(self.links.busy, r, s, e)
         self._accumulate(self.links.bytes, r, s, e, rate, instant=nbytes)
@@ -359,12 +321,12 @@ class LiveModel:
             self.head_ns if self.head >= 0 else 0,
         )
 
-    def _order(self, ring: _Ring) -> list[tuple[str, int]]:
+    def _order(self, ring: Ring) -> list[tuple[str, int]]:
         """(key, row) in natural order (gpu:2 before gpu:10), re-sorted only when keys change."""
         cached = self._orders.get(id(ring))
         if cached is None or len(cached) != len(ring.keys):
             cached = self._orders[id(ring)] = sorted(
-                ring.keys.items(), key=lambda kv: _natural(kv[0])
+                ring.keys.items(), key=lambda kv: natural(kv[0])
             )
         return cached
 
@@ -382,36 +344,6 @@ class LiveModel:
         while self._ingest_log and self._ingest_log[0][0] < now - horizon_s:
             self._ingest_log.popleft()
         return sum(n for _, n in self._ingest_log) / horizon_s
-
-
-def _ints(col: pa.Array | pa.ChunkedArray, fill: int | None = None) -> np.ndarray:
-    if fill is not None:
-        col = col.fill_null(fill)
-    return (
-        col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        if isinstance(col, pa.Array)
-        else np.asarray(col.to_numpy(), dtype=np.int64)
-    )
-
-
-def _direction_key(link_id: str, link_type: str, src: str | None, dst: str | None) -> str:
-    """The row key of one link direction: the link id when it already reads src-dst,
-    else the id written the other way round (`nvlink6:gpu:1-gpu:0`)."""
-    if src is None or dst is None:
-        return link_id
-    route = link_id.partition(":")[2]
-    if route in (f"{src}-{dst}", f"{src}->{dst}"):
-        return link_id
-    if route in (f"{dst}-{src}", f"{dst}->{src}"):
-        return f"{link_type}:{src}-{dst}"
-    return f"{link_id} ({src}>{dst})"
-
-
-def _natural(key: str) -> tuple:
-    """gpu:2 before gpu:10."""
-    import re
-
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key))
 
 
 __all__ = ["LiveModel", "SeriesRow", "SlowSpan", "Snapshot", "DEFAULT_BUCKET_NS", "HISTORY_CELLS"]

@@ -6,6 +6,8 @@ import concurrent.futures as cf
 import time
 from pathlib import Path
 
+import pytest
+
 import chiptrace
 from chiptrace.analysis import TraceAnalysis
 
@@ -26,6 +28,7 @@ def _pool_run(steps: int = 4, slow: int = 2) -> None:
             step(pool)
 
 
+@pytest.mark.timing  # the straggler is made of sleeps: 30 ms against 2 ms
 def test_slow_worker_is_the_straggler(trace_dir: Path) -> None:
     _pool_run()
     chiptrace.flush()

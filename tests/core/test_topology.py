@@ -86,3 +86,26 @@ def test_emulator_topology_round_trips_through_its_manifest() -> None:
     assert back.links == topo.links
     assert back.adjacency == topo.adjacency
     assert (back.name, back.source) == (topo.name, topo.source)
+
+
+def test_sql_topology_links_view_reads_links_as_parse_topology_does(tmp_path) -> None:
+    import chiptrace
+    from tests.analysis.analysis_helpers import TraceBuilder
+
+    links = json.loads(ODD["topology"])["links"] + [
+        {"name": "ethernet:nic:0-switch:0", "bandwidth_bps": 400e9, "latency": 2e-6}
+    ]
+    manifest = {"topology": {"links": links}}
+    b = TraceBuilder()
+    b.span("x", 0, 1, trace=b.new_trace(), chip="gpu:0")
+    con = chiptrace.connect(b.write(tmp_path / "t", manifest))
+    got = {
+        r[0]: r[1:]
+        for r in con.sql(
+            "SELECT link_id, link_type, bandwidth_Bps, latency_ns FROM topology_links"
+        ).fetchall()
+    }
+    topo = parse_topology(manifest)
+    want = {lk.id: (lk.type, lk.bandwidth or None, lk.latency_ns or None) for lk in topo.links}
+    assert got == want  # the same double arithmetic on both sides
+    assert len(got) == 3 and got["ethernet:nic:0-switch:0"][1] == 50e9

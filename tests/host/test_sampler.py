@@ -61,6 +61,7 @@ def _burn_contrast(tmp: Path) -> tuple[float, float, float]:
     return ref[cpu], _mean(rows, t0, t1), _mean(rows, t1 + 200_000_000, t2 - 200_000_000)
 
 
+@pytest.mark.timing
 def test_cpu_burn_in_child_shows_as_higher_utilization(tmp_path: Path) -> None:
     # The box is shared: when other processes keep every CPU busy (by the test's own
     # psutil reading) there is no contrast to see, so try again; a quiet window must show it.
@@ -264,6 +265,7 @@ def test_a_sampler_bug_stops_the_sampler_not_the_program(tmp_path: Path, chiptra
     assert s.rows_written > 0
 
 
+@pytest.mark.timing
 def test_watched_process_tree_cpu_adds_up_to_what_the_kernel_counted(tmp_path: Path) -> None:
     # The child starts a grandchild that spins, and waits for it: the kernel's rusage of the
     # child then includes the grandchild, and so must the sampled proc.cpu_seconds (less the

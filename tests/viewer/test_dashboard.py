@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from viewer_helpers import screen_text
+from viewer_helpers import screen_text, some_refreshes, until
 from viewer_rack import LOAD, SATURATED, STEP_NS, write_rack
 
 import chiptrace
@@ -18,10 +18,7 @@ WINDOW_NS = STEP_NS  # one step: 100 ms, ten 10 ms buckets
 
 
 async def _settle(app: ViewerApp, pilot, spans: int) -> None:  # noqa: ANN001
-    for _ in range(600):  # up to 30 s on a loaded box; exits as soon as ready
-        if app.model.spans_total >= spans:
-            break
-        await pilot.pause(0.05)
+    await until(pilot, lambda: app.model.spans_total >= spans, f"{spans} spans ingested")
     app.refresh_dashboard()
     await pilot.pause()
 
@@ -93,7 +90,7 @@ async def test_follows_parts_as_they_land(tmp_path: Path) -> None:
     d = tmp_path / "live"
     app = ViewerApp([DirSource(d)], window_ns=WINDOW_NS, poll_s=0.05)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.2)
+        await some_refreshes(pilot)
         assert app.model.spans_total == 0
         assert "waiting" in screen_text(app) or app.snapshot.empty
         write_rack(d, steps=2, parts=1)
@@ -132,10 +129,7 @@ async def test_analysis_rules_run_over_the_window(rack_dir: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await _settle(app, pilot, 100)
         app.run_analysis()
-        for _ in range(600):  # up to 30 s on a loaded box; exits as soon as ready
-            if app.deep_alerts:
-                break
-            await pilot.pause(0.05)
+        await until(pilot, lambda: app.deep_alerts, "the analysis' findings")
         app.refresh_dashboard()
         await pilot.pause()
         assert ("link-bound", SATURATED) in {(a.rule, a.culprit) for a in app.alerts}

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from viewer_helpers import until
 
 from chiptrace.cli import main
 from chiptrace.viewer.app import ViewerApp
@@ -20,17 +21,12 @@ def test_demo_on_a_terminal_runs_the_viewer(
 
     def headless_run(self: ViewerApp, **kwargs: object) -> None:
         async def pilot_fn(pilot) -> None:  # noqa: ANN001
-            for _ in range(600):  # until the 0.3 s emulated run has ended and been ingested
-                await pilot.pause(0.05)
-                if self.model.spans_total and not self.feed.pending:
-                    if self.model.spans_total == seen.get("last"):
-                        break
-                    seen["last"] = self.model.spans_total
-            for _ in range(200):  # the run is over: the status line says so
+            # the 0.3 s emulated run has ended and been ingested: the status line says so
+            def ended() -> bool:
                 self.refresh_dashboard()
-                if self.state == "ENDED":
-                    break
-                await pilot.pause(0.05)
+                return self.state == "ENDED"
+
+            await until(pilot, ended, "the demo run ENDED")
             seen["state"] = self.state
             seen["gpus"] = len(self.snapshot.chips["gpu"])
             seen["spans"] = self.model.spans_total

@@ -6,19 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from viewer_helpers import screen_text
+from viewer_helpers import screen_text, until
 
 from chiptrace.viewer.app import ViewerApp
 from chiptrace.viewer.sources import DirSource
 from chiptrace.viewer.widgets import SpanDetail, SqlConsole, Waterfall, WaterfallRows
-
-
-async def _wait(pilot, cond, tries: int = 600) -> None:  # noqa: ANN001
-    for _ in range(tries):
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
 
 
 async def test_waterfall_opens_on_a_trace(rack_dir: Path) -> None:
@@ -26,19 +18,19 @@ async def test_waterfall_opens_on_a_trace(rack_dir: Path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("e")
         wf = app.query_one(Waterfall)
-        await _wait(pilot, lambda: wf.data is not None)
+        await until(pilot, lambda: wf.data is not None, "a trace laid out")
         rows = wf.data
         assert int((rows.rows >= 0).sum()) == 812  # every span of the step has a row
         assert rows.critical.any()
         # Lanes by chip and link, each a header row.
         lanes = set(rows.header_lane.values())
         assert {"gpu:0", "npu:0", "switch:0", "nvlink6:gpu:0-gpu:1"} <= lanes
-        await _wait(pilot, lambda: "critical path" in screen_text(app))
+        await until(pilot, lambda: "critical path" in screen_text(app), "the explorer status")
         text = screen_text(app)
         assert wf.lanes and "gpu:0 " in text and "█" in text  # Gantt: a row per chip/link
         await pilot.press("c")  # jump to a critical-path span: details say so
-        await pilot.pause(0.1)
         detail = app.query_one(SpanDetail)
+        await until(pilot, lambda: "critical path" in str(detail.render()), "span details")
         assert rows.critical[wf.selected]
         assert "critical path" in str(detail.render())
         before = wf.selected
@@ -49,7 +41,7 @@ async def test_waterfall_opens_on_a_trace(rack_dir: Path) -> None:
         await pilot.press("right_square_bracket")
         assert wf.view[1] - wf.view[0] < rows.t1 - rows.t0
         await pilot.press("g")  # a row per span, under lane headers
-        await pilot.pause(0.1)
+        await until(pilot, lambda: not wf.lanes, "a row per span")
         assert not wf.lanes and rows.rows[wf.cursor] == wf.selected
         assert "▾ " in screen_text(app)
 
@@ -82,11 +74,11 @@ async def test_sql_console_runs_and_shows_errors(rack_dir: Path) -> None:
         await pilot.press(*"select count(*) as n from spans")
         await pilot.press("enter")
         grid = app.query_one("#sql-result")
-        await _wait(pilot, lambda: grid.row_count == 1)
+        await until(pilot, lambda: grid.row_count == 1, "the query result")
         assert "8120" in screen_text(app)
         app.query_one("#sql-input").value = "selec nonsense"
         await pilot.press("enter")
-        await _wait(pilot, lambda: console.has_class("-error"))
+        await until(pilot, lambda: console.has_class("-error"), "the query error")
         assert "SQL error" in screen_text(app)
         box = app.query_one("#sql-input")
         await pilot.press("up")

@@ -12,11 +12,11 @@ tests/analysis; the viewer's own alerts are drawn.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from viewer_helpers import until
 
 import chiptrace
 from chiptrace.emulator import emulate
@@ -24,7 +24,6 @@ from chiptrace.viewer.app import ViewerApp
 from chiptrace.viewer.launch import dir_app
 
 SIZE = (120, 36)
-SETTLE_S = 60.0  # a loaded 2-core box; each wait ends as soon as its condition holds
 # The status line shows the source's last 28 characters: a longer fixed name keeps the
 # temporary path out of the picture.
 STORE_NAME = "viewer-snapshots-rack6-mixed-seed1"
@@ -53,14 +52,6 @@ def viewer(store: Path) -> ViewerApp:
     app = dir_app(store)
     app.analysis_s = 0
     return app
-
-
-async def until(pilot, ready: Callable[[], bool], what: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + SETTLE_S
-    while not ready():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"viewer did not settle: {what}")
-        await pilot.pause(0.05)
 
 
 def settled_dashboard(total: int) -> Callable[[object], Awaitable[None]]:
@@ -144,7 +135,9 @@ def _sql(sql: str, total: int) -> Callable[[object], Awaitable[None]]:
         await pilot.press("s")
         status = app.query_one("#sql-status")
         before = str(status.render())
-        app.query_one("#sql-input").value = sql
+        box = app.query_one("#sql-input")
+        box.cursor_blink = False  # a blinking cursor is in the picture half of the time
+        box.value = sql
         await pilot.press("enter")
         await until(
             pilot,

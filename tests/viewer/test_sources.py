@@ -10,7 +10,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from viewer_helpers import screen_text
+from viewer_helpers import screen_text, until
 
 import chiptrace
 from chiptrace.cli import main
@@ -51,10 +51,7 @@ async def test_otlp_http_from_the_sdk_reaches_dashboard_and_store(tmp_path: Path
     try:
         async with app.run_test(size=(80, 24)) as pilot:
             _send_spans(source.port, 6)
-            for _ in range(600):  # up to 30 s on a loaded box; exits as soon as ready
-                if app.model.spans_total >= 7:
-                    break
-                await pilot.pause(0.05)
+            await until(pilot, lambda: app.model.spans_total >= 7, "7 spans ingested")
             app.refresh_dashboard()
             await pilot.pause()
             assert app.model.spans_total == 7
@@ -110,10 +107,7 @@ async def test_in_process_feed_is_a_recorder_sink(tmp_path: Path) -> None:
     app = ViewerApp([FeedSource(store)], feed=feed, window_ns=100_000_000)
     async with app.run_test(size=(80, 24)) as pilot:
         recorder.write_batch(_step(0, 0), block=True)
-        for _ in range(600):  # up to 30 s on a loaded box; exits as soon as ready
-            if app.model.spans_total:
-                break
-            await pilot.pause(0.05)
+        await until(pilot, lambda: app.model.spans_total, "the batch ingested")
         assert app.model.spans_total == 812
     recorder.shutdown()
 
@@ -170,10 +164,7 @@ async def test_emulator_feeds_the_viewer_in_process(tmp_path: Path) -> None:
     run.start()
     async with app.run_test(size=(100, 32)) as pilot:
         assert run.done.wait(60) and run.error is None
-        for _ in range(600):  # up to 30 s on a loaded box; exits as soon as ready
-            if app.model.spans_total >= run.result.spans:
-                break
-            await pilot.pause(0.05)
+        await until(pilot, lambda: app.model.spans_total >= run.result.spans, "every span")
         assert app.window_ns == 1_000_000_000  # the live default: holds all 3 steps
         await pilot.press("+", "+", "+")  # zoom in to the last 100 ms: steady state
         app.refresh_dashboard()

@@ -1,8 +1,9 @@
-"""Viewer test helpers: the screen as plain text."""
+"""Viewer test helpers: the screen as plain text, and waiting for the app."""
 
 from __future__ import annotations
 
 import io
+import time
 
 from rich.console import Console
 
@@ -23,3 +24,26 @@ def screen_text(app) -> str:  # noqa: ANN001
         app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)
     )
     return console.export_text()
+
+
+SETTLE_S = 60.0  # a loaded 2-core box; each wait ends as soon as its condition holds
+
+
+async def until(pilot, ready, what: str, timeout_s: float = SETTLE_S) -> None:  # noqa: ANN001
+    """Let the app run until `ready()` holds; fail naming `what` after `timeout_s`.
+
+    The one way these tests wait: never a fixed pause, which is too short on a loaded
+    machine and too long everywhere else."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"viewer did not settle: {what}")
+        await pilot.pause(0.05)
+
+
+async def some_refreshes(pilot, n: int = 5) -> None:  # noqa: ANN001
+    """Let the app refresh its dashboard `n` more times: for checks that something did *not*
+    happen (the source was not declared ended, nothing was read)."""
+    app = pilot.app
+    start = app.refreshes
+    await until(pilot, lambda: app.refreshes >= start + n, f"{n} dashboard refreshes")
