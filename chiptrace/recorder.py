@@ -192,6 +192,18 @@ class Recorder:
         """The full chunks buffered now (for tests and diagnostics)."""
         return list(self._full)
 
+    def peek(self) -> tuple[list[Any], list[pa.RecordBatch]]:
+        """The rows and batches buffered now, left in place: a reader that needs every span
+        ended so far (chiptrace.torch) gets them without forcing a flush, which writes a
+        part and its manifest. Waits for a flush in progress, whose spans reach the sinks."""
+        with self._flush_lock:
+            with self._roll_lock:
+                rows = [row for chunk in self._full for row in chunk]
+                rows.extend(self.cur)
+            with self._space:
+                batches = list(self._batches)
+        return rows, batches
+
     def write_batch(self, batch: pa.RecordBatch, block: bool = False) -> bool:
         """Buffer whole columns. Returns False when the batch was dropped.
 

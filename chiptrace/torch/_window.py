@@ -32,6 +32,39 @@ def _ints(batch: pa.RecordBatch, name: str) -> np.ndarray:
     return np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + len(arr)]
 
 
+_Ids = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # trace, span, start, end
+
+
+def _batch_ids(batch: pa.RecordBatch) -> _Ids:
+    return (
+        _column(batch, "trace_id", 16).copy(),
+        _column(batch, "span_id", 8).copy().view(">u8").reshape(-1).astype(np.uint64),
+        _ints(batch, "start_ns").copy(),
+        _ints(batch, "end_ns").copy(),
+    )
+
+
+def _row_ids(rows: list[Any]) -> _Ids:
+    """Ids and times of buffered span rows (chiptrace._fastrows: trace high and low
+    halves, span id, parent, start and end at 1..6 in every row shape)."""
+    n = len(rows)
+    trace = np.empty((n, 16), np.uint8)
+    trace[:, :8] = np.fromiter((r[1] for r in rows), ">u8", n).view(np.uint8).reshape(n, 8)
+    trace[:, 8:] = np.fromiter((r[2] for r in rows), ">u8", n).view(np.uint8).reshape(n, 8)
+    span = np.fromiter((r[3] for r in rows), np.uint64, n)
+    start = np.fromiter((r[5] for r in rows), np.int64, n)
+    end = np.fromiter((r[6] for r in rows), np.int64, n)
+    return trace, span, start, end
+
+
+def _concat(parts: list[_Ids]) -> _Ids:
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return np.zeros((0, 16), np.uint8), empty.astype(np.uint64), empty, empty
+    trace, span, start, end = (np.concatenate(c) for c in zip(*parts, strict=True))
+    return trace, span, start, end
+
+
 class _Capture:
     """A recorder sink that keeps the ids and times of the spans it is handed."""
 
@@ -42,26 +75,18 @@ class _Capture:
     def write(self, batch: pa.RecordBatch) -> None:
         if not batch.num_rows:
             return
-        part = (
-            _column(batch, "trace_id", 16).copy(),
-            _column(batch, "span_id", 8).copy().view(">u8").reshape(-1).astype(np.uint64),
-            _ints(batch, "start_ns").copy(),
-            _ints(batch, "end_ns").copy(),
-        )
+        part = _batch_ids(batch)
         with self.lock:
             self.parts.append(part)
 
     def close(self) -> None:
         pass
 
-    def take(self, since_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def take(self, since_ns: int) -> _Ids:
         """The spans that end at or after `since_ns`; earlier ones are forgotten."""
         with self.lock:
             parts, self.parts = self.parts, []
-        if not parts:
-            empty = np.zeros(0, np.int64)
-            return np.zeros((0, 16), np.uint8), empty.astype(np.uint64), empty, empty
-        trace, span, start, end = (np.concatenate(c) for c in zip(*parts, strict=True))
+        trace, span, start, end = _concat(parts)
         keep = end >= since_ns
         kept = (trace[keep], span[keep], start[keep], end[keep])
         with self.lock:
@@ -108,11 +133,16 @@ class RunSpans:
             self._jobs += 1
 
     def within(self, since_ns: int) -> Within:
-        """The run spans for an import of events from `since_ns` on (flushes the recorder,
-        so that every span finished so far is there); ends an `expect()`."""
+        """The run spans for an import of events from `since_ns` on: those the recorder
+        handed over, and those still in its buffer (read in place: a flush per profiler
+        cycle, a Parquet part and a manifest each, cost the program more than the profiler
+        itself); ends an `expect()`."""
         try:
-            self.recorder.flush()
-            return self._snapshot(since_ns)
+            rows, batches = self.recorder.peek()
+            pending = [_batch_ids(b) for b in batches if b.num_rows]
+            if rows:
+                pending.append(_row_ids(rows))
+            return self._snapshot(since_ns, _concat(pending))
         finally:
             with self._lock:
                 self._jobs -= 1
@@ -120,8 +150,14 @@ class RunSpans:
             if last:
                 self._detach()
 
-    def _snapshot(self, since_ns: int) -> Within:
-        trace, span, start, end = self._capture.take(since_ns)
+    def _snapshot(self, since_ns: int, pending: _Ids) -> Within:
+        taken = self._capture.take(since_ns)
+        keep = pending[3] >= since_ns
+        kept = (pending[0][keep], pending[1][keep], pending[2][keep], pending[3][keep])
+        # A buffered span may reach the capture before the next snapshot: once per id.
+        trace, span, start, end = _concat([taken, kept])
+        span, first = np.unique(span, return_index=True)
+        trace, start, end = trace[first], start[first], end[first]
         done = set(span.tolist())
         still = [(k, v) for k, v in self._open.items() if k not in done]
         if still:
