@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import chiptrace
-from chiptrace import _fastrows, _span
+from chiptrace import _fastrows, _live
 from chiptrace.propagation import inject
 from chiptrace.schema import NO_TAGS
 
@@ -53,7 +53,7 @@ def test_no_span_object_outlives_its_span(trace_dir: Path) -> None:
     ref = weakref.ref(s)
     del s
     assert ref() is None  # the row holds values, not the span
-    assert not _span._EXTRA
+    assert not _live._EXTRA
 
 
 def test_general_rows_convert_in_pieces_with_pauses_between(trace_dir: Path) -> None:
@@ -131,7 +131,7 @@ def test_writes_to_a_decorated_calls_span_and_its_exception(trace_dir: Path) -> 
     annotated()
     with pytest.raises(KeyError):
         failing()
-    assert not _span._EXTRA
+    assert not _live._EXTRA
     rows = {r["name"]: r for r in _rows(trace_dir)}
     assert rows["annotated"]["attributes"] == '{"rows":3}'
     assert "halfway" in rows["annotated"]["events"] and rows["annotated"]["op_kind"] == "io"
