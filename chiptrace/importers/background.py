@@ -2,12 +2,12 @@
 
 A program that hands a trace over (chiptrace.torch.profile() does, at the end of each
 profiling cycle) pays for writing the file and nothing more: a sender thread of its own
-prepares what the import needs (the run spans to nest under, chiptrace.importers.within:
-it flushes the recorder, ~10 ms of Parquet and fsync) and passes the job to a child
+prepares what the import needs (the run spans to nest under, chiptrace.importers.within,
+read from the recorder's buffer in place) and passes the job to a child
 process (`python -m chiptrace.importers.background`), which imports into the trace dir and
 removes the file. The child is a fresh interpreter, not a fork, so it shares neither the
 GIL nor the program's threads: ~6 us of CPU per profiler event, and ~0.5 s to start, on
-another core. `wait()` waits for the jobs handed over; at exit the program waits for them
+another core, at a lower priority (nice 10) so that it takes only CPU the program leaves. `wait()` waits for the jobs handed over; at exit the program waits for them
 (at most `EXIT_WAIT_S`) and the child, its input closed, finishes its queue and ends.
 """
 
@@ -175,6 +175,10 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def main() -> int:
     """The child: one JSON job a line on stdin, one JSON result a line on stdout."""
+    try:  # a core the traced program wants is never spent on its imports
+        os.nice(10)
+    except (AttributeError, OSError):  # no nice (Windows) or not permitted: run as is
+        pass
     from chiptrace.importers import import_trace
     from chiptrace.importers.within import Within
 
