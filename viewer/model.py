@@ -33,6 +33,20 @@ DEFAULT_BUCKETS = 4096
 # directions x 4096 buckets x (busy, bytes) take ~100 MB instead of ~400 MB.
 _DTYPE = np.float32
 HISTORY_CELLS = 24
+#: The span columns `LiveModel.ingest` reads.
+INGEST_COLUMNS = [
+    "name",
+    "start_ns",
+    "end_ns",
+    "chip_id",
+    "chip_type",
+    "link_id",
+    "link_type",
+    "link_src",
+    "link_dst",
+    "op_kind",
+    "op_bytes",
+]
 HISTORY_LINKS = 32  # links given a history (the busiest); the rest: the window only
 SLOW_KEEP = 16  # slowest spans kept per batch; the window's slowest are among them
 
