@@ -132,9 +132,9 @@ class DirSource:
             finished trace's spans in the order they ended, paced to wall time.
     """
 
-    #: Spans read per poll at most (the feed's size): a finished store of 100M spans shows
+    #: Spans read per poll at most (about a part): a finished store of 100M spans shows
     #: its first frame after one poll's parts, not after all of them (and all in memory).
-    POLL_SPANS = 2_000_000
+    POLL_SPANS = 500_000
 
     def __init__(self, directory: str | Path, replay: float | None = None) -> None:
         self.store_dir = Path(directory)
