@@ -12,6 +12,15 @@ cached under /tmp. Targets (issue 4): at most 10 s and 4 GiB for chiptrace.
 
     python3 benchmarks/bench_report.py            # 10M spans
     python3 benchmarks/bench_report.py --quick    # 500k spans
+    python3 benchmarks/bench_report.py --store DIR   # a store you built, e.g. 100M spans:
+        chiptrace emulate --topology nvl72 --workload train --steps 55 --seed 1 --out DIR
+
+With --store (opt-in: minutes and ~1 GB of disk): `report --json`, `query` with a GROUP BY,
+`view --no-ui` and `diff DIR DIR`, each in a fresh process, against the issue 18 targets
+(report <= 60 s and 4 GiB, query <= 2 s, view --no-ui <= 10 s and 4 GiB, diff <= 2x the
+report). The peer runs there only with --peer: it holds every span as Python objects
+(about 150 bytes each: 15 GB at 100M), so the ratio is against chiptrace before issue 18
+instead, which passed 19 GB and had to be stopped.
 """
 
 from __future__ import annotations
@@ -118,6 +127,48 @@ def child_peer(d: str, windows: int = 120) -> dict:
     return {"rc": 0, "busy": busy, "steps": len(roots), "slowest_spans": len(step_spans)}
 
 
+def timed(argv: list[str]) -> tuple[float, float]:
+    """Run a CLI command in a fresh process: (wall s, peak RSS GiB of that child)."""
+    t = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # ru_maxrss of children is the largest child so far: run the big one last, or alone
+    return wall, max(after, before) / 2**20
+
+
+def big_store(d: Path, peer: bool) -> int:
+    """The issue 18 figures on a store built beforehand (see the module docstring)."""
+    cli = [sys.executable, "-m", "chiptrace"]
+    print(f"store {d}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    q = "SELECT link_type, count(*), sum(op_bytes) FROM spans GROUP BY 1"
+    q_wall, _ = timed([*cli, "query", str(d), q])
+    print(f"query GROUP BY           : {q_wall:7.2f} s wall (startup included; target <= 2 s)")
+    v_wall, v_rss = timed([*cli, "view", str(d), "--no-ui"])
+    print(
+        f"view --no-ui             : {v_wall:7.2f} s wall, peak RSS {v_rss:.2f} GiB (<= 10 s, 4 GiB)"
+    )
+    ours = run_child("chiptrace", d)
+    print(
+        f"report --json            : {ours['wall_s']:7.2f} s wall, {ours['cpu_s']:6.2f} s CPU, "
+        f"peak RSS {ours['maxrss_gib']:.2f} GiB (target <= 60 s, 4 GiB)"
+    )
+    print("  before issue 18: passed 8 GB at 80 s here, 19 GB at 150 s in the issue (stopped)")
+    d_wall, _ = timed([*cli, "diff", str(d), str(d)])
+    print(
+        f"diff DIR DIR             : {d_wall:7.2f} s wall, {d_wall / ours['wall_s']:.2f}x the report"
+    )
+    if peer:
+        p = run_child("peer", d)
+        print(
+            f"naive peer               : {p['wall_s']:7.2f} s wall, peak RSS "
+            f"{p['maxrss_gib']:.2f} GiB; peer / chiptrace {p['wall_s'] / ours['wall_s']:.1f}x wall"
+        )
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
 def run_child(mode: str, d: Path) -> dict:
     """Run one side in a fresh interpreter; returns its result, wall s and peak RSS GiB."""
     t = time.perf_counter()
@@ -139,7 +190,11 @@ def main() -> int:
     ap.add_argument("--spans", type=int, help="span count (default 10M, or 500k with --quick)")
     ap.add_argument("--no-peer", action="store_true", help="skip the naive peer")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "DIR"), help=argparse.SUPPRESS)
+    ap.add_argument("--store", metavar="DIR", help="measure on this trace dir (the big case)")
+    ap.add_argument("--peer", action="store_true", help="with --store: run the naive peer too")
     args = ap.parse_args()
+    if args.store and not args.child:
+        return big_store(Path(args.store), args.peer)
     if args.child:
         mode, d = args.child
         res = {"chiptrace": child_chiptrace, "check": child_check, "peer": child_peer}[mode](d)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,7 @@ def connect(
     allow_empty: bool = False,
     threads: int | None = None,
     verify: bool = False,
+    memory_limit: str | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """Open DuckDB over one or more trace directories (globs allowed) as one dataset.
 
@@ -104,6 +106,8 @@ def connect(
         verify: also decode every data page once and skip parts that fail (a corrupt
             page passes the footer check). Costs a scan of the whole trace, about 0.2 s
             per million spans: for commands that read everything anyway (export, report).
+        memory_limit: DuckDB's memory limit (`'2GB'`); past it, sorts, joins and
+            aggregates spill to a temporary directory. Default: DuckDB's (80% of RAM).
 
     Raises:
         StoreError: a missing dir, or no parts at all (unless allow_empty).
@@ -125,15 +129,31 @@ def connect(
     ):
         names = ", ".join(str(d) for d in dirs)
         raise StoreError(f"no trace parts in {names} (expected spans/*.parquet)")
-    con = duckdb.connect(config={"threads": threads} if threads else {})
+    con = duckdb.connect(config=_config(threads, memory_limit))
     if verify:
         good = readable_parts(con, good)
     attach_views(con, good)
+    # Parquet footers cached: the report reads a store in many passes, and re-reading 275
+    # footers per query costs more than the rows of a small store.
+    con.execute("SET parquet_metadata_cache = true")
     con.register("_runs_arrow", _runs_table(read_manifests(dirs)))
     con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runs_arrow")
     attach_metrics(con, dirs)
     _macros.install(con)  # analysis macros: utilization(window_ms), link_throughput(...), ...
     return con
+
+
+def _config(threads: int | None, memory_limit: str | None) -> dict[str, Any]:
+    """DuckDB settings: spills go under the system's temp dir, not `.tmp` in the caller's
+    working directory."""
+    config: dict[str, Any] = {
+        "temp_directory": os.path.join(tempfile.gettempdir(), f"chiptrace-duckdb-{os.getpid()}"),
+    }
+    if threads:
+        config["threads"] = threads
+    if memory_limit:
+        config["memory_limit"] = memory_limit
+    return config
 
 
 def _read_parquet_sql(parts: list[Path]) -> str:

@@ -11,14 +11,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from chiptrace.schema import CHIP_TYPES
 from chiptrace.store import part_files
 from chiptrace.viewer.alerts import Alert, derive_alerts
-from chiptrace.viewer.model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
+from chiptrace.viewer.model import DEFAULT_BUCKET_NS, INGEST_COLUMNS, LiveModel, Snapshot
 from chiptrace.viewer.render import human_bytes_per_s, human_count, human_ns
-from chiptrace.viewer.sources import DirSource, SpanFeed
+from chiptrace.viewer.sources import DirSource, SpanFeed, read_part
 
 MIN_BUCKET_NS = 1_000
 
@@ -75,13 +76,45 @@ def summarize_dir(directory: str | Path, window_ns: int | None = None) -> str:
     extent = trace_extent(directory) if directory.is_dir() else None
     b, w = choose_bucket(extent[1] - extent[0] if extent else None)
     model = LiveModel(bucket_ns=b)
-    src, feed = DirSource(directory), SpanFeed()
-    src.poll(feed)
+    src = DirSource(directory)
     model.declare(src.manifests())
-    for batch in feed.drain():
-        model.ingest(batch)
-    snap = model.snapshot(window_ns or w or DEFAULT_BUCKET_NS * 100)
+    window = window_ns or w or DEFAULT_BUCKET_NS * 100
+    parts = part_files(directory) if directory.is_dir() else []
+    ends = [_part_end(p) for p in parts]
+    known = [e for e in ends if e is not None]
+    # Only the parts that reach into the last window are read, part by part and only the
+    # columns the model reads; the others are counted from their footers. (Every span of
+    # 100M read into one feed took 19 GB; read part by part, 5 minutes.)
+    cutoff = (max(known) - window - 2 * b) if known else None
+    for path, end in zip(parts, ends, strict=True):
+        if cutoff is not None and end is not None and end < cutoff:
+            model.spans_total += _part_rows(path)
+            continue
+        t = read_part(path, INGEST_COLUMNS)
+        if t is not None:
+            model.ingest(t)
+    snap = model.snapshot(window)
     return summary_text(snap, derive_alerts(snap))
+
+
+def _part_end(path: Path) -> int | None:
+    """The part's last span end from its footer's statistics (None: not recorded)."""
+    try:
+        meta = pq.ParquetFile(path).metadata
+        col = meta.schema.to_arrow_schema().names.index("end_ns")
+        stats = [meta.row_group(g).column(col).statistics for g in range(meta.num_row_groups)]
+        if not stats or any(st is None or not st.has_min_max for st in stats):
+            return None
+        return max(int(st.max) for st in stats)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+
+
+def _part_rows(path: Path) -> int:
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (OSError, pa.ArrowException):
+        return 0
 
 
 def summary_text(snap: Snapshot, alerts: Sequence[Alert]) -> str:

@@ -32,6 +32,20 @@ from chiptrace.viewer.snapshot import SeriesRow, SlowSpan, Snapshot
 DEFAULT_BUCKET_NS = 10_000_000  # 10 ms: fine enough for a live rack, 4096 of them = 41 s
 DEFAULT_BUCKETS = 4096
 HISTORY_CELLS = 24
+#: The span columns `LiveModel.ingest` reads.
+INGEST_COLUMNS = [
+    "name",
+    "start_ns",
+    "end_ns",
+    "chip_id",
+    "chip_type",
+    "link_id",
+    "link_type",
+    "link_src",
+    "link_dst",
+    "op_kind",
+    "op_bytes",
+]
 HISTORY_LINKS = 32  # links given a history (the busiest); the rest: the window only
 SLOW_KEEP = 16  # slowest spans kept per batch; the window's slowest are among them
 

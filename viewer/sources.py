@@ -103,19 +103,23 @@ def writers_ended(manifests: list[dict[str, Any]]) -> bool:
     )
 
 
-def read_part(path: Path) -> pa.Table | None:
-    """One part as a span table, or None (with a warning) when it cannot be read."""
+def read_part(path: Path, columns: list[str] | None = None) -> pa.Table | None:
+    """One part as a span table (only `columns`, default all), or None (with a warning)
+    when it cannot be read."""
+    schema = SPAN_SCHEMA if columns is None else pa.schema([SPAN_SCHEMA.field(c) for c in columns])
     try:
         reason = check_part(path)
         if reason:
             log.warning("chiptrace: skipping unreadable part %s: %s", path, reason)
             return None
-        table = pq.read_table(path)  # decodes every page: a corrupt one fails here
-        missing = [f for f in SPAN_SCHEMA if f.name not in table.column_names]
+        names = set(pq.read_schema(path).names)
+        # decodes every page it reads: a corrupt one fails here
+        table = pq.read_table(path, columns=[c for c in schema.names if c in names])
+        missing = [f for f in schema if f.name not in table.column_names]
         for f in missing:  # an older part without a newer nullable column
             table = table.append_column(f, pa.nulls(table.num_rows, f.type))
         # Another writer's widths and encodings (int32 pids, plain strings) as ours.
-        return table.select(SPAN_SCHEMA.names).cast(SPAN_SCHEMA)
+        return table.select(schema.names).cast(schema)
     except (OSError, pa.ArrowException) as e:
         log.warning("chiptrace: skipping part %s: %s", path, str(e).splitlines()[0])
         return None
@@ -129,6 +133,10 @@ class DirSource:
         replay: None to show parts as they land; a speed (1.0 = real time) to replay a
             finished trace's spans in the order they ended, paced to wall time.
     """
+
+    #: Spans read per poll at most (about a part): a finished store of 100M spans shows
+    #: its first frame after one poll's parts, not after all of them (and all in memory).
+    POLL_SPANS = 500_000
 
     def __init__(self, directory: str | Path, replay: float | None = None) -> None:
         self.store_dir = Path(directory)
@@ -155,12 +163,17 @@ class DirSource:
         # ended are all on disk by then, so this poll reads them.
         done = writers_ended(self.manifests())
         new = [p for p in part_files(self.store_dir) if p not in self._seen]
-        tables = []
+        tables: list[pa.Table] = []
+        rows = 0
         for path in new:
+            if rows >= self.POLL_SPANS and self.replay is None:
+                done = False  # parts left for the next poll
+                break
             self._seen.add(path)
             t = read_part(path)
             if t is not None and t.num_rows:
                 tables.append(t)
+                rows += t.num_rows
         if self.replay is None:
             for t in tables:
                 for b in t.to_batches(max_chunksize=256_000):

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from chiptrace.analysis import workloads as wl
 from chiptrace.analysis.workloads import StepChoice
@@ -128,11 +127,19 @@ def _step_traces(steps: pa.Table, sel: list[dict[str, Any]]) -> tuple[pa.Table, 
 
 
 def step_chips(
-    con: Any, steps: pa.Table, where: str, lo: int, hi: int, max_steps: int = STRAGGLER_STEPS
+    con: Any,
+    steps: pa.Table,
+    where: str,
+    lo: int,
+    hi: int,
+    max_steps: int = STRAGGLER_STEPS,
+    links: bool = True,
 ) -> tuple[pa.Table, frozenset[str]]:
-    """Per (step, chip) figures over up to `max_steps` steps spread over the run, and the
-    link ids those steps used. Filtering on trace ids is cheap in Parquet (about 0.1 CPU-s
-    on 10M spans, where grouping every op by step costs 2)."""
+    """Per (step, chip) figures over up to `max_steps` steps spread over the run, and (with
+    `links`) the link ids those steps used. Filtering on trace ids is cheap in Parquet
+    (about 0.1 CPU-s on 10M spans, where grouping every op by step costs 2). Only chip
+    spans are held (a leaf is a chip span no chip span names as parent): on an nvl72 run
+    nearly every span is a link transfer, and holding those took minutes and gigabytes."""
     sel = _sample(steps, max_steps)
     if not sel:
         return empty_step_chips(), frozenset()
@@ -142,18 +149,15 @@ def step_chips(
     base = f"""
         sp AS MATERIALIZED (
             SELECT trace_id, span_id, parent_span_id, CAST(chip_id AS VARCHAR) AS chip_id,
-                   CAST(chip_type AS VARCHAR) AS chip_type, CAST(link_id AS VARCHAR) AS link_id,
-                   op_kind, greatest(start_ns, {lo}) AS start_ns, least(end_ns, {hi}) AS end_ns
-            FROM spans_raw WHERE trace_id IN ({in_list}) AND {where}),
-        p AS (SELECT DISTINCT parent_span_id AS id FROM sp WHERE chip_id IS NOT NULL),
+                   CAST(chip_type AS VARCHAR) AS chip_type, op_kind,
+                   greatest(start_ns, {lo}) AS start_ns, least(end_ns, {hi}) AS end_ns
+            FROM spans_raw WHERE trace_id IN ({in_list}) AND chip_id IS NOT NULL AND {where}),
+        p AS (SELECT DISTINCT parent_span_id AS id FROM sp),
         leaf AS (SELECT sp.* FROM sp ANTI JOIN p ON p.id = sp.span_id
-                 WHERE chip_id IS NOT NULL AND op_kind IS DISTINCT FROM 'idle'
-                   AND end_ns > start_ns)"""
+                 WHERE op_kind IS DISTINCT FROM 'idle' AND end_ns > start_ns)"""
     agg = """any_value(chip_type) AS chip_type, min(start_ns) AS first_ns,
              max(end_ns) AS last_ns, CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns"""
     with _register(con, eq_t) as e_name, _register(con, win_t) as w_name:
-        # One statement, so the filtered spans are read once: the link ids the steps use
-        # come back as rows without a step.
         table = wl._arrow(
             con,
             f"""
@@ -164,15 +168,16 @@ def step_chips(
             UNION ALL
             SELECT w.step_id, leaf.chip_id, {agg}
             FROM leaf ASOF JOIN {w_name} w ON leaf.trace_id = w.trace_id AND leaf.start_ns >= w.s
-            WHERE leaf.start_ns < w.e GROUP BY w.step_id, leaf.chip_id
-            UNION ALL
-            SELECT DISTINCT NULL, link_id, NULL, NULL, NULL, NULL FROM sp
-            WHERE link_id IS NOT NULL""",
+            WHERE leaf.start_ns < w.e GROUP BY w.step_id, leaf.chip_id""",
         )
-    is_link = pc.is_null(table["step_id"])
-    links = table.filter(is_link)["chip_id"].to_pylist()
-    table = table.filter(pc.invert(is_link))
-    return table.cast(pa.schema(_STEP_CHIP_COLUMNS)), frozenset(links)
+    used: frozenset[str] = frozenset()
+    if links:  # a streamed DISTINCT: one pass over the steps' traces, a row per link
+        rows = con.sql(
+            f"SELECT DISTINCT CAST(link_id AS VARCHAR) FROM spans_raw "
+            f"WHERE trace_id IN ({in_list}) AND link_id IS NOT NULL AND {where}"
+        ).fetchall()
+        used = frozenset(r[0] for r in rows)
+    return table.cast(pa.schema(_STEP_CHIP_COLUMNS)), used
 
 
 def load_workloads(
@@ -195,7 +200,10 @@ def load_workloads(
     big = spans > SMALL_STEP_SPANS * max(n_steps, 1)
     out = []
     for choice, steps in zip(choices, rows, strict=True):
-        sc, links = step_chips(con, steps, where, lo, hi, STRAGGLER_STEPS * (1 if big else 4))
+        # One workload owns every link anyway (TraceAnalysis.inputs): no pass for its links.
+        sc, links = step_chips(
+            con, steps, where, lo, hi, STRAGGLER_STEPS * (1 if big else 4), len(choices) > 1
+        )
         chips = frozenset(c for c in sc.column("chip_id").to_pylist() if c is not None)
         out.append(WorkloadTables(choice, steps, sc, chips, links))
     return out

@@ -14,8 +14,10 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from chiptrace.analysis.intervals import chunk_bounds, stream_union
 from chiptrace.analysis.per_step import (
     WorkloadTables,
     busiest_first,
@@ -40,10 +42,6 @@ def bounds(since_ns: int | None, until_ns: int | None) -> tuple[int, int]:
     lo = -TIME_LIMIT if since_ns is None else max(int(since_ns), -TIME_LIMIT)
     hi = TIME_LIMIT if until_ns is None else min(int(until_ns), TIME_LIMIT)
     return lo, max(hi, lo)
-
-
-def _args(lo: int, hi: int) -> str:
-    return f"since_ns := {lo}, until_ns := {hi}"
 
 
 def _arrow(con: Any, sql: str) -> pa.Table:
@@ -164,102 +162,159 @@ def _nested(con: Any, cands: str) -> tuple[bool, bool]:
     return (bool(rows[0][0]), bool(rows[0][1])) if rows else (False, False)
 
 
-def _sources(con: Any, a: str, lo: int, hi: int, cands: str) -> tuple[str, str]:
-    """FROM-clause SQL for op spans and transfers: the `chip_ops` / `link_transfers` macros
-    when some chip (link) span has a chip (link) child; else the same rows by a plain filter.
-    Most traces nest no chip span in another, and then skipping the anti-join and the macro's
-    extra columns cuts the CPU of each pass over 10M spans by about half. Times are clipped
-    to [lo, hi]."""
+def _sources(con: Any, lo: int, hi: int, cands: str) -> tuple[str, str]:
+    """FROM-clause SQL for op spans and transfers, each with a `{chunk}` placeholder for a
+    condition on the raw start_ns (intervals.chunk_bounds). Leaf spans only (what the
+    `chip_ops` / `link_transfers` macros give) when some chip (link) span has a chip (link)
+    child: an anti-join on the candidates table, whose spans are the only parents; else the
+    same rows by a plain filter, which most traces allow (no chip span nests in another),
+    and which costs about half the CPU of a pass over 10M spans. Times are clipped to
+    [lo, hi]."""
     s, e = f"greatest(start_ns, {lo})", f"least(end_ns, {hi})"
     where = _where(lo, hi)
     chips_nest, links_nest = _nested(con, cands)
-    ops = (
-        f"chip_ops({a})"
-        if chips_nest
-        else f"""(
+    if chips_nest:  # the chip_ops macro's rows and bounds
+        op_from = (
+            f"spans_raw ANTI JOIN (SELECT span_id AS id FROM {cands} WHERE chip_child) p "
+            "ON p.id = span_id"
+        )
+        op_where = f"end_ns > {lo} AND start_ns < {hi} AND op_kind IS DISTINCT FROM 'idle'"
+    else:
+        op_from, op_where = "spans_raw", f"{where} AND (op_kind IS NULL OR op_kind <> 'idle')"
+    ops = f"""(
         SELECT trace_id, chip_id, chip_type, op_kind, op_precision, name, op_flops, op_bytes,
                {s} AS start_ns, {e} AS end_ns
-        FROM spans_raw WHERE chip_id IS NOT NULL AND {where} AND end_ns > start_ns
-          AND (op_kind IS NULL OR op_kind <> 'idle'))"""
-    )
-    xfers = (
-        f"(SELECT * FROM link_transfers({a}) WHERE span_start_ns >= {-TIME_LIMIT})"
-        if links_nest
-        else f"""(
+        FROM {op_from} WHERE chip_id IS NOT NULL AND {op_where} AND end_ns > start_ns
+          AND {{chunk}})"""
+    if links_nest:  # the link_transfers macro's rows: durations of the whole spans
+        x_from = (
+            f"spans_raw ANTI JOIN (SELECT span_id AS id FROM {cands} WHERE link_child) p "
+            "ON p.id = span_id"
+        )
+        x_where = f"end_ns > {lo} AND start_ns < {hi} AND start_ns >= {-TIME_LIMIT}"
+        span_s, span_e = "start_ns", "end_ns"
+    else:
+        x_from, x_where = "spans_raw", where
+        span_s, span_e = s, f"least(greatest(end_ns, start_ns), {hi})"
+    xfers = f"""(
         SELECT link_id, link_type, link_src, link_dst, op_bytes, name,
-               {s} AS span_start_ns, least(greatest(end_ns, start_ns), {hi}) AS span_end_ns,
+               {span_s} AS span_start_ns, {span_e} AS span_end_ns,
                {s} AS start_ns, {e} AS end_ns
-        FROM spans_raw WHERE link_id IS NOT NULL AND {where} AND end_ns >= start_ns)"""
-    )
+        FROM {x_from} WHERE link_id IS NOT NULL AND {x_where} AND end_ns >= start_ns
+          AND {{chunk}})"""
     return ops, xfers
 
 
-def _util(con: Any, ops: str, t0: int, w: int) -> pa.Table:
-    """Busy ns per (plot window, chip): the interval union (one sort of the op spans by chip
-    and start, running max of end) binned into windows; per-chip busy is its total.
+def _all(source: str) -> str:
+    """A chunked FROM-clause (see `_sources`) over every chunk at once."""
+    return source.replace("{chunk}", "true")
 
-    Partitioning on an ENUM of the chip ids instead of the text sorts about 1.5x faster on
-    10M spans; pieces inside one window (nearly all) skip the range() unnest."""
-    enum = f"_ct_chip_{secrets.token_hex(4)}"
-    con.execute(
-        f"CREATE TYPE {enum} AS ENUM (SELECT DISTINCT CAST(chip_id AS VARCHAR) "
-        f"FROM spans_raw WHERE chip_id IS NOT NULL)"
+
+def _util(
+    con: Any, ops: str, t0: int, t1: int, w: int, spans: int, ids: dict[int, str]
+) -> pa.Table:
+    """Busy ns per (plot window, chip): the interval union of each chip's op spans binned
+    into windows (streamed in time chunks, intervals.py); per-chip busy is its total.
+    `ids`: the chip id of each key hash."""
+    u = stream_union(
+        con,
+        f"SELECT hash(chip_id) AS k, start_ns AS s, end_ns AS e FROM {ops}",
+        chunk_bounds(t0, t1, spans),
+        t0=t0,
+        window_ns=w,
+        n_windows=(t1 - t0) // w + 1,
     )
-    try:
-        return _arrow(
-            con,
-            f"""
-            WITH o AS (SELECT CAST(chip_id AS {enum}) AS c, start_ns AS s, end_ns AS e
-                       FROM {ops}),
-            b AS (SELECT c, e, greatest(s, coalesce(max(e) OVER (PARTITION BY c ORDER BY s
-                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), s)) AS s FROM o),
-            k AS (SELECT c, s, e, (s - {t0}) // {w} AS k0, (e - 1 - {t0}) // {w} AS k1
-                  FROM b WHERE e > s),
-            x AS (SELECT c, k0 AS k, e - s AS d FROM k WHERE k0 = k1
-                  UNION ALL
-                  SELECT c, kk, least(e, {t0} + (kk + 1) * {w}) - greatest(s, {t0} + kk * {w})
-                  FROM (SELECT *, unnest(range(k0, k1 + 1)) AS kk FROM k WHERE k0 < k1))
-            SELECT x.k AS window_index, {t0} + x.k * {w} AS window_start_ns,
-                   CAST(x.c AS VARCHAR) AS chip_id, CAST(sum(x.d) AS BIGINT) AS busy_ns
-            FROM x GROUP BY x.k, x.c ORDER BY 1, 3""",
-        )
-    finally:
-        con.execute(f"DROP TYPE IF EXISTS {enum}")
+    by_id = sorted((ids.get(k) or "", r) for k, r in u.index.items())
+    names = [c for c, _ in by_id]
+    per_window = u.bins[[r for _, r in by_id]].T  # (window, chip in id order)
+    win, pos = np.nonzero(per_window)  # C order: by window, then chip id, as before
+    return pa.table(
+        {
+            "window_index": pa.array(win, _I),
+            "window_start_ns": pa.array(t0 + win.astype(np.int64) * w, _I),
+            "chip_id": pa.array([names[p] for p in pos.tolist()], _S),
+            "busy_ns": pa.array(per_window[win, pos], _I),
+        }
+    )
 
 
 def _chip_ops(con: Any, ops: str) -> pa.Table:
-    """Per (chip, op kind, precision, name): ops, op time, FLOPs, bytes (one scan)."""
+    """Per (chip, op kind, precision, name): ops, op time, FLOPs, bytes (one scan), and
+    `k`, the chip id's hash (the key of the busy union)."""
     return _arrow(
         con,
         f"""
         SELECT chip_id, any_value(chip_type) AS chip_type, op_kind, op_precision, name,
                count(*) AS ops, CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns,
-               CAST(sum(op_flops) AS DOUBLE) AS flops, CAST(sum(op_bytes) AS DOUBLE) AS bytes
-        FROM {ops} GROUP BY chip_id, op_kind, op_precision, name""",
+               CAST(sum(op_flops) AS DOUBLE) AS flops, CAST(sum(op_bytes) AS DOUBLE) AS bytes,
+               any_value(hash(chip_id)) AS k
+        FROM {_all(ops)} GROUP BY chip_id, op_kind, op_precision, name""",
     )
 
 
-def _links(con: Any, xfers: str) -> pa.Table:
-    # One scan and one sort: totals, medians and the busy union per link direction together.
-    return _arrow(
-        con,
-        f"""
-        WITH t AS (
-            SELECT link_id, link_type, link_src, link_dst, op_bytes, name, start_ns, end_ns,
-                   span_end_ns - span_start_ns AS dur,
-                   greatest(start_ns, coalesce(max(end_ns) OVER (
-                       PARTITION BY link_id, link_src, link_dst ORDER BY start_ns
-                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), start_ns)) AS piece
-            FROM {xfers})
-        SELECT link_id, any_value(link_type) AS link_type, link_src, link_dst,
-               count(*) AS transfers, CAST(coalesce(sum(op_bytes), 0) AS DOUBLE) AS bytes,
-               CAST(sum(end_ns - start_ns) AS BIGINT) AS xfer_ns,
-               median(op_bytes) AS median_bytes, median(dur) AS median_ns,
-               any_value(name) AS name,
-               CAST(sum(greatest(end_ns - piece, 0)) AS BIGINT) AS busy_ns
-        FROM t GROUP BY link_id, link_src, link_dst
-        ORDER BY link_id, link_src, link_dst""",
-    )
+# The exact median (DuckDB's `median`, quantile_cont 0.5) of each key's values from a table
+# of (k, v, n): n values v. Counting distinct values streams and spills; `median` itself
+# holds every value of every link in memory (1.6 GB for 100M transfers).
+_MEDIAN = """
+    SELECT k, CASE WHEN lo = hi OR tot % 2 = 1 THEN CAST(lo AS DOUBLE)
+                   ELSE CAST(lo AS DOUBLE) + (CAST(hi AS DOUBLE) - CAST(lo AS DOUBLE)) * 0.5
+              END AS m
+    FROM (SELECT k, any_value(tot) AS tot,
+                 arg_min(v, cum) FILTER (WHERE cum > (tot - 1) // 2) AS lo,
+                 arg_min(v, cum) FILTER (WHERE cum > tot // 2) AS hi
+          FROM (SELECT k, v, sum(n) OVER (PARTITION BY k ORDER BY v ROWS UNBOUNDED PRECEDING)
+                         AS cum, sum(n) OVER (PARTITION BY k) AS tot
+                FROM (SELECT k, v, sum(n) AS n FROM {src} GROUP BY k, v))
+          GROUP BY k)"""
+
+
+def _links(con: Any, xfers: str, t0: int, t1: int) -> pa.Table:
+    """Per link direction: totals and medians from one streamed aggregate (transfers by
+    key, bytes and duration), busy from the chunked interval union."""
+    counts = f"_ct_xfer_{secrets.token_hex(4)}"
+    busy = f"_ct_busy_{secrets.token_hex(4)}"
+    try:
+        # Grouped by the key's hash, not its three strings: half the CPU on 100M transfers.
+        con.execute(f"""
+        CREATE TEMP TABLE {counts} AS
+        SELECT hash(link_id, link_src, link_dst) AS k, op_bytes,
+               span_end_ns - span_start_ns AS dur, count(*) AS n,
+               sum(end_ns - start_ns) AS xfer_ns, any_value(link_id) AS link_id,
+               any_value(link_src) AS link_src, any_value(link_dst) AS link_dst,
+               any_value(link_type) AS link_type,
+               arg_min(name, start_ns) AS name, min(start_ns) AS first_ns
+        FROM {_all(xfers)} GROUP BY ALL""")
+        (rows,) = con.sql(f"SELECT coalesce(sum(n), 0) FROM {counts}").fetchall()[0]
+        u = stream_union(
+            con,
+            f"SELECT hash(link_id, link_src, link_dst) AS k, start_ns AS s, end_ns AS e "
+            f"FROM {xfers}",
+            chunk_bounds(t0, t1, int(rows)),
+        )
+        keys = np.fromiter(u.index, np.uint64, len(u.index))
+        con.register(busy, pa.table({"k": keys, "busy": u.busy[list(u.index.values())]}))
+        return _arrow(
+            con,
+            f"""
+            WITH t AS (
+                SELECT k, any_value(link_id) AS link_id, any_value(link_type) AS link_type,
+                       any_value(link_src) AS link_src, any_value(link_dst) AS link_dst,
+                       CAST(sum(n) AS BIGINT) AS transfers,
+                       CAST(coalesce(sum(CAST(op_bytes AS HUGEINT) * n), 0) AS DOUBLE) AS bytes,
+                       CAST(sum(xfer_ns) AS BIGINT) AS xfer_ns,
+                       arg_min(name, first_ns) AS name
+                FROM {counts} GROUP BY k),
+            mb AS ({_MEDIAN.format(src=f"(SELECT k, op_bytes AS v, n FROM {counts} WHERE op_bytes IS NOT NULL)")}),
+            md AS ({_MEDIAN.format(src=f"(SELECT k, dur AS v, n FROM {counts})")})
+            SELECT t.link_id, t.link_type, t.link_src, t.link_dst, t.transfers, t.bytes,
+                   t.xfer_ns, mb.m AS median_bytes, md.m AS median_ns, t.name,
+                   CAST(coalesce(b.busy, 0) AS BIGINT) AS busy_ns
+            FROM t LEFT JOIN mb USING (k) LEFT JOIN md USING (k) LEFT JOIN {busy} b USING (k)
+            ORDER BY t.link_id, t.link_src, t.link_dst""",
+        )
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {counts}")
+        con.unregister(busy)
 
 
 def _manifests(con: Any) -> list[dict[str, Any]]:
@@ -295,15 +350,18 @@ def load_tables(
         StepError: `step_name` matches no span.
     """
     lo, hi = bounds(since_ns, until_ns)
-    a = _args(lo, hi)
     where = _where(lo, hi)
     t0, t1, n = _extent(con, lo, hi, where)
     w = max((t1 - t0) // max(windows, 1) + 1, 1)
     with candidates(con) as cands:
-        ops, xfers = _sources(con, a, lo, hi, cands)
+        ops, xfers = _sources(con, lo, hi, cands)
         workloads = load_workloads(con, where, lo, hi, n, cands, step_name) if n else []
-    util = _util(con, ops, t0, w)
-    chips, chip_ops = _typed_chips(_chip_ops(con, ops), util, workloads)
+        chip_ops = _chip_ops(con, ops)
+        ids = dict(zip(chip_ops["k"].to_pylist(), chip_ops["chip_id"].to_pylist(), strict=True))
+        chip_ops = chip_ops.drop_columns(["k"])
+        util = _util(con, ops, t0, t1, w, sum(chip_ops["ops"].to_pylist()), ids)
+        links = _links(con, xfers, t0, t1)
+    chips, chip_ops = _typed_chips(chip_ops, util, workloads)
     busy = dict(zip(chips["chip_id"].to_pylist(), chips["busy_ns"].to_pylist(), strict=True))
     workloads = busiest_first(workloads, busy)
     manifests = _manifests(con)
@@ -316,7 +374,7 @@ def load_tables(
         chips=chips,
         chip_ops=chip_ops,
         util=util,
-        links=_fill_types(_links(con, xfers), "link_id", "link_type", type_of_link),
+        links=_fill_types(links, "link_id", "link_type", type_of_link),
         steps=first.steps if first else _NO_STEPS,
         step_chips=first.step_chips if first else empty_step_chips(),
         workloads=workloads,

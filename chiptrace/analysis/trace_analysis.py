@@ -63,6 +63,9 @@ RULES: dict[str, Rule] = {
 #: Rules about the whole run, run once (with the first workload's step for their shares).
 RUN_RULES = ("dropped-spans", "host-contention", "error-rate")
 
+# DuckDB's share of the report's memory: past it, aggregates and joins spill to disk; the
+# rest (NumPy chunks of intervals.py, Arrow tables) stays under ~1 GiB on 100M spans.
+MEMORY_LIMIT = "2GB"
 SAMPLE_SPANS = 150_000  # spans analysed one by one (critical path, overlap, starvation)
 # A step bigger than this is not walked span by span (Python, ~10 us a span): an nvl72 step
 # has ~2M spans. Its critical path, overlap and starvation are then left out, and said so.
@@ -130,7 +133,7 @@ class TraceAnalysis:
         else:
             from chiptrace.query import connect
 
-            self.con = connect(source)
+            self.con = connect(source, memory_limit=MEMORY_LIMIT)
             paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
             self.sources = [os.fspath(p) for p in paths]
         self.since_ns, self.until_ns = since_ns, until_ns
