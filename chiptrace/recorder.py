@@ -38,6 +38,7 @@ __all__ = ["Recorder", "SpanSink", "StoreSink", "describe", "on_exit", "cancel_e
 
 _POLL_S = 0.05
 CHUNK = 1024  # rows per buffer chunk
+PEEK_WAIT_S = 10.0  # see Recorder.peek
 
 
 def _why(e: BaseException) -> str:
@@ -195,13 +196,20 @@ class Recorder:
     def peek(self) -> tuple[list[Any], list[pa.RecordBatch]]:
         """The rows and batches buffered now, left in place: a reader that needs every span
         ended so far (chiptrace.torch) gets them without forcing a flush, which writes a
-        part and its manifest. Waits for a flush in progress, whose spans reach the sinks."""
-        with self._flush_lock:
+        part and its manifest. Waits for a flush in progress, whose spans reach the sinks;
+        a flush stuck past PEEK_WAIT_S (a full disk's fsync) costs the reader those spans,
+        never a hang."""
+        if not self._flush_lock.acquire(timeout=PEEK_WAIT_S):
+            log.warning("chiptrace: a flush took over %.0f s; spans read without it", PEEK_WAIT_S)
+            return [], []
+        try:
             with self._roll_lock:
                 rows = [row for chunk in self._full for row in chunk]
                 rows.extend(self.cur)
             with self._space:
                 batches = list(self._batches)
+        finally:
+            self._flush_lock.release()
         return rows, batches
 
     def write_batch(self, batch: pa.RecordBatch, block: bool = False) -> bool:
