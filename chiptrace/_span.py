@@ -359,8 +359,8 @@ def _row(span: Span) -> tuple[Any, ...]:
     ):
         site = _sites.site(span.name, span.tags, span.kind)
         if site >= 0:
-            return (site, span.trace_hi, span.trace_lo, span.span_id, span.parent_id,
-                    span.start_ns, end)  # fmt: skip
+            tid_hi, tid_lo = span.trace_hi, span.trace_lo
+            return (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end)
     return (
         span.tags,
         span.trace_hi,
