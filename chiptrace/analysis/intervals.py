@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from chiptrace.analysis.workloads import arrow
+
 CHUNK_SPANS = 4_000_000  # spans per chunk, on average: ~100 MB of keys and times in NumPy
 _NONE = np.iinfo(np.int64).min
 
@@ -148,8 +150,7 @@ def stream_union(
     u = Union(t0=t0, window_ns=window_ns, n_windows=n_windows)
     u.bins = np.zeros((0, n_windows), np.int64)
     for cond in conditions:
-        rel = con.sql(f"SELECT * FROM ({select_chunk.replace('{chunk}', cond)}) ORDER BY k, s")
-        table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        table = arrow(con, f"SELECT * FROM ({select_chunk.replace('{chunk}', cond)}) ORDER BY k, s")
         if not table.num_rows:
             continue
         u.add(_np(table["k"]).astype(np.uint64), _np(table["s"]), _np(table["e"]), ordered=True)

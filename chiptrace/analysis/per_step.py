@@ -158,7 +158,7 @@ def step_chips(
     agg = """any_value(chip_type) AS chip_type, min(start_ns) AS first_ns,
              max(end_ns) AS last_ns, CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns"""
     with _register(con, eq_t) as e_name, _register(con, win_t) as w_name:
-        table = wl._arrow(
+        table = wl.arrow(
             con,
             f"""
             WITH {base},

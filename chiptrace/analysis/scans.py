@@ -11,16 +11,12 @@ import numpy as np
 import pyarrow as pa
 
 from chiptrace.analysis.intervals import chunk_bounds, stream_union
+from chiptrace.analysis.workloads import arrow
 
 # Spans outside +-2^62 ns (146 years either side of 1970) are left out and times are clipped
 # to that range, so no difference of two times can overflow int64 in DuckDB.
 TIME_LIMIT = 1 << 62
 _S, _I = pa.string(), pa.int64()
-
-
-def arrow(con: Any, sql: str) -> pa.Table:
-    rel = con.sql(sql)
-    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
 
 def extent(con: Any, lo: int, hi: int, where: str) -> tuple[int, int, int]:

@@ -64,7 +64,8 @@ def family(name: str) -> str:
     return m.group(1) + "*" if m else name
 
 
-def _arrow(con: Any, sql: str, params: list[Any] | None = None) -> pa.Table:
+def arrow(con: Any, sql: str, params: list[Any] | None = None) -> pa.Table:
+    """The result of `sql` as an Arrow table (DuckDB's method name differs by version)."""
     rel = con.execute(sql, params) if params else con.sql(sql)
     return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
@@ -305,7 +306,7 @@ def step_rows(con: Any, choice: StepChoice, where: str, tmp: str | None) -> pa.T
                       FROM spans_raw WHERE {where})"""
     )
     with _registered(con, choice.names) as names:
-        return _arrow(
+        return arrow(
             con,
             f"""
             WITH m AS MATERIALIZED (SELECT c.* FROM {src} c SEMI JOIN {names} n ON c.name = n.name)

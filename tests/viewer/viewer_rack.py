@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
 from chiptrace.store import PartWriter
+from chiptrace.viewer.model import INGEST_COLUMNS
 
 T0 = 1_700_000_000_000_000_000
 STEP_NS = 100_000_000  # 100 ms steps
@@ -43,22 +44,7 @@ TOPOLOGY = {
 def _step(step: int, seq: int) -> pa.RecordBatch:
     """One step: a root span, back-to-back ops per chip, transfers on both links."""
     t = T0 + step * STEP_NS
-    cols: dict[str, list] = {
-        k: []
-        for k in (
-            "name",
-            "start_ns",
-            "end_ns",
-            "chip_id",
-            "chip_type",
-            "link_id",
-            "link_type",
-            "link_src",
-            "link_dst",
-            "op_kind",
-            "op_bytes",
-        )
-    }
+    cols: dict[str, list] = {k: [] for k in INGEST_COLUMNS}
 
     def add(name, s, e, chip=None, link=None, kind=None, nbytes=None):  # noqa: ANN001, ANN202
         lk = link.split(":")[0] if link else None
