@@ -268,3 +268,38 @@ def test_every_kineto_fixture_from_a_preset_machine_replays_its_step(tmp_path):
     for name, (real, own, fast) in replayed.items():
         assert own == pytest.approx(real, rel=0.15), name
         assert fast <= min(real, own) * 1.001, name
+
+
+def _faster(name: str, k: float):
+    """Preset `name` with every chip's peaks and memory bandwidth and every link k times."""
+    from dataclasses import replace
+
+    topo = load_topology(name)
+    chips = {
+        c: replace(
+            s,
+            peak_flops={p: v * k for p, v in s.peak_flops.items()},
+            memory_bandwidth=s.memory_bandwidth * k,
+        )
+        for c, s in topo.chips.items()
+    }
+    links = [replace(lk, bandwidth=lk.bandwidth * k) for lk in topo.links]
+    return replace(topo, chips=chips, links=links, name=f"{name}-x{k:g}")
+
+
+@pytest.mark.parametrize(
+    ("files", "source"),
+    [
+        (["nccl_data.json.gz"], ""),
+        (["2rank_sampled_rank-0.json.gz", "2rank_sampled_rank-1.json.gz"], "a100x8"),
+    ],
+)
+def test_a_rack_faster_in_every_chip_and_link_never_slows_a_step(tmp_path, files, source):
+    # The 128-rank job's collectives cross hosts: on rack6 (two NICs for eight GPUs, half
+    # a100x8's network per GPU) they are slower; on a100x8 with everything twice as fast,
+    # host time as measured, the step can only shrink.
+    src = tmp_path / "imported"
+    importers("chiptrace.importers").import_trace([FIXTURES / f for f in files], src)
+    _, own = _replay(src, tmp_path / "own", "a100x8", steps=4, source=source)
+    _, fast = _replay(src, tmp_path / "fast", _faster("a100x8", 2), steps=4, source=source)
+    assert fast < own
