@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -55,7 +56,29 @@ class _OneLine(logging.Formatter):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parse, run, and turn ChiptraceError into one line and an exit code."""
+    """Entry point: parse, run, and turn ChiptraceError into one line and an exit code.
+    A reader that stops early (`| head -1`) ends the command quietly, whatever it prints."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # what is still buffered fails here, not in the exit's flush
+        return code
+    except BrokenPipeError:
+        _drop_stdout()
+        return 0
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: Python flushes it again at exit, and that flush would
+    print `Exception ignored ... BrokenPipeError` for the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's capture)
+        pass
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
@@ -70,7 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     root.propagate = False
     try:
         return int(args._run(args) or 0)
+    except BrokenPipeError:
+        raise  # main's: not a DuckDB error, not worth a line
     except ChiptraceError as e:
+        if isinstance(e.__cause__, BrokenPipeError):  # "cannot write -": the reader left
+            raise e.__cause__ from None
         print(f"chiptrace: error: {e}", file=sys.stderr)
         return e.exit_code
     except Exception as e:
@@ -82,9 +109,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        sys.stderr.close()  # a closed pipe (| head) is not an error worth a traceback
-        return 0
     finally:
         root.removeHandler(handler)
         root.setLevel(saved[0])

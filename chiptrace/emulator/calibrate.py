@@ -87,6 +87,7 @@ class Profile:
     ranks: list[str]
     steps: list[tuple[str, float]]  # (name, duration ns)
     ops: list[dict[str, StepOps]]  # per step: rank chip id -> its ops
+    world: int = 1  # ranks in the job (the profiler's distributedInfo), the trace's at least
     fitted: dict[str, float] = field(default_factory=dict)  # class -> efficiency
     basis: dict[str, str] = field(default_factory=dict)  # class -> "fitted" | "preset"
 
@@ -141,7 +142,19 @@ def load(trace_dir: str | Path, source: str = "") -> Profile:
         raise WorkloadError(f"calibrate {trace_dir}: its profiler steps hold no GPU or NPU work")
     topo = _source(trace_dir, source, rows)
     gpu = next(c for c in topo.chips.values() if c.type == "gpu")
-    return _build(topo, gpu, steps, rows)
+    prof = _build(topo, gpu, steps, rows)
+    prof.world = max([len(prof.ranks), *_world_sizes(rows)])
+    return prof
+
+
+def _world_sizes(rows: list) -> list[int]:
+    """The job's world size as each rank's resource states it (`distributed.world_size`)."""
+    out: list[int] = []
+    for r in {r[12] for r in rows if r[12]}:
+        size = json.loads(r).get("distributed.world_size")
+        if isinstance(size, int) and size > 0:
+            out.append(size)
+    return out
 
 
 def _source(trace_dir: str | Path, source: str, rows: list) -> Topology:

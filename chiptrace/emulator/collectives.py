@@ -65,22 +65,15 @@ class Plan:
         return float(sum(r.period * r.repeat for r in self.rounds))
 
 
-def _round(net: Network, routes: Sequence[Route], nbytes: float, repeat: int, eff: float) -> Round:
-    """Flows that start together, timed by the fluid model."""
+def _round(
+    net: Network, routes: Sequence[Route], nbytes: np.ndarray, repeat: int, eff: float
+) -> Round:
+    """Flows that start together (`nbytes` each), timed by the fluid model."""
     dirs = net.dirs_of(routes)
     lat = np.array([r.latency_ns for r in routes], dtype=np.float64)
-    size = np.full(len(routes), float(nbytes))
+    size = np.asarray(nbytes, dtype=np.float64)
     end = net.flows(dirs, size, lat, 0.0, eff)
     return Round(dirs, size, np.zeros(len(routes)), end, float(end.max()), repeat)
-
-
-def _striped(
-    net: Network, pairs: Sequence[tuple[str, str]], channels: int
-) -> tuple[list[Route], int]:
-    """One route per (pair, channel): channel c of a pair takes its c-th parallel plane."""
-    planes = [net.planes(a, b) for a, b in pairs]
-    c = channels or min(len(p) for p in planes)
-    return [p[k % len(p)] for p in planes for k in range(c)], c
 
 
 def _ring(
@@ -89,8 +82,8 @@ def _ring(
     n = len(ranks)
     if n < 2:
         return ()
-    routes, c = _striped(net, [(ranks[i], ranks[(i + 1) % n]) for i in range(n)], channels)
-    return (_round(net, routes, nbytes / n / c, steps, eff),)
+    routes, share = net.striped([(ranks[i], ranks[(i + 1) % n]) for i in range(n)], channels)
+    return (_round(net, routes, nbytes / n * share, steps, eff),)
 
 
 def ring_allreduce(
@@ -108,10 +101,9 @@ def tree_allreduce(
     """NCCL's pipelined double binary tree (trees.py): each tree reduces and broadcasts half."""
     if len(ranks) < 2:
         return Plan("allreduce.tree", ())
-    routes, phase, depth, c = trees.tree_flows(net, ranks, channels)
-    per_flow = nbytes / 2 / c
-    dirs, start, end, period = trees.pipeline(net, routes, phase, depth, per_flow, eff)
-    size = np.full(len(routes), per_flow)
+    routes, phase, depth, share = trees.tree_flows(net, ranks, channels)
+    size = nbytes / 2 * share
+    dirs, start, end, period = trees.pipeline(net, routes, phase, depth, size, eff)
     return Plan("allreduce.tree", (Round(dirs, size, start, end, period),))
 
 
@@ -140,9 +132,11 @@ def alltoall(
     if n < 2:
         return Plan("alltoall", ())
     ways = {(i, j): net.planes(ranks[i], ranks[j]) for i in range(n) for j in range(n) if i != j}
-    c = channels or _spread(n - 1, min(len(w) for w in ways.values()))
+    # The plane count of a healthy pair: a pair that lost a link to a fault spreads the
+    # same channels over the planes it has left, and every other pair keeps its own.
+    c = channels or _spread(n - 1, max(len(w) for w in ways.values()))
     routes = [w[(c * ((j - i) % n) + k) % len(w)] for (i, j), w in ways.items() for k in range(c)]
-    return Plan("alltoall", (_round(net, routes, nbytes / n / c, 1, eff),))
+    return Plan("alltoall", (_round(net, routes, np.full(len(routes), nbytes / n / c), 1, eff),))
 
 
 def _spread(flows: int, planes: int) -> int:

@@ -79,10 +79,13 @@ def emit_batch(
                 "batch.requests": len(batch),
                 "batch.prompt_tokens": sum(r[1] for r in batch),
                 "batch.device": device,
+                # Requests still waiting when it was formed: grows without bound when
+                # arrivals outpace what the devices serve.
+                "batch.queue_depth": len(inf.queue),
             }
         ],
     )
-    _requests(inf, batch, bt, int(broot), start, pre_s, pre_e, float(dec_e[-1]), end)
+    _requests(inf, batch, bt, int(broot), start, pre_s, pre_e, float(dec_e[-1]), end, device)
     return end
 
 
@@ -96,6 +99,7 @@ def _requests(
     pre_e: float,
     dec_e: float,
     end: float,
+    device: str,
 ) -> None:
     tb = inf.ctx.table
     n = len(batch)
@@ -116,5 +120,13 @@ def _requests(
         0,
         span_ids=roots,
         links=[[(bt, broot)]] * n,
-        attrs=[{"request.prompt_tokens": r[1], "request.output_tokens": r[2]} for r in batch],
+        attrs=[
+            {
+                "request.prompt_tokens": r[1],
+                "request.output_tokens": r[2],
+                "request.queue_ns": int(round(start - r[0])),  # arrival to its batch's start
+                "request.device": device,
+            }
+            for r in batch
+        ],
     )

@@ -185,6 +185,25 @@ class Network:
         self._planes[key] = out
         return out
 
+    def striped(
+        self, pairs: Sequence[tuple[str, str]], channels: int
+    ) -> tuple[list[Route], np.ndarray]:
+        """Routes of each pair's channels and the share of the pair's bytes each carries.
+
+        With `channels` 0 a pair spreads its bytes evenly over every parallel plane it has, as
+        an NVSwitch fabric sprays a pair's traffic over all its links: a pair that lost one
+        link to a fault uses the planes it has left and the other pairs keep all of theirs.
+        With `channels` c, channel k of a pair takes its k-th plane (wrapping round).
+        """
+        routes: list[Route] = []
+        share: list[float] = []
+        for a, b in pairs:
+            ways = self.planes(a, b)
+            c = channels or len(ways)
+            routes.extend(ways[k % len(ways)] for k in range(c))
+            share.extend([1.0 / c] * c)
+        return routes, np.array(share, dtype=np.float64)
+
     def dirs_of(self, routes: Sequence[Route]) -> np.ndarray:
         """(routes, hops) direction ids, -1 padding the shorter routes."""
         hops = max((len(r.dirs) for r in routes), default=0)

@@ -1,22 +1,26 @@
 """`workload=replay`: a real job's profiler steps (calibrate.py) replayed on another rack.
 
-Each source rank runs on the target GPU of the same index. A step's ops run in their
-source order per stream; an op starts after the op before it on its stream plus the gap
-the trace shows there (host time: launches, syncs, the data loader: kept as measured), and
-after the op of another stream that ended just before it in the trace (the event it waited
-on). Op times change with the rack:
+Each source rank runs on the target GPU of the same index. Ops run in their source order
+per stream, one timeline through every step (a GPU that runs behind its host, finishing
+step N while the host is in step N+1, keeps doing so): an op starts after the op before it
+on its stream plus the gap the trace shows there (host time: launches, syncs, the data
+loader: kept as measured, never stretched), and after the op of another stream that ended
+just before it in the trace (the event it waited on). Op times change with the rack:
 
 - gemm, attention: work = source time x source peak x source efficiency, at the target's
   peak and efficiency in the replay's precision (the trace's unless `precision` is set);
 - elementwise, optimizer: the same with memory bandwidth (elementwise bytes scale with the
   precision's width);
-- comm: collectives within the target's GPUs are re-planned on its links (collectives.py)
-  at the job's fitted comm efficiency; larger groups (other hosts) scale with the NIC
-  bandwidth per GPU;
+- comm: collectives with their bytes whose group fits one target host are re-planned on
+  its links (collectives.py) at the job's fitted comm efficiency; the others scale by the
+  bandwidth of the links they cross (hosts.py): the GPUs' fabric when the group (the
+  job's world size where the trace names none) fits one host, the NICs' network links
+  when it spans hosts;
 - copy: host-device copies move their bytes over the target's route.
 
-A step lasts as long as its device work plus the host time after it in the trace. Replaying
-on the source machine gives the trace's own step times back (comm as fitted on the sum).
+A step lasts as long as it did in the trace, plus how much later (or sooner) the device
+work has got in it: replaying on the source machine gives the trace's own step times back
+(comm as fitted on the sum).
 Spans: a `ProfilerStep#N` root per step and each op under it with its kernel name, so a
 replay's report can be diffed against the imported trace's.
 """
@@ -32,9 +36,9 @@ from chiptrace.emulator import calibrate, collectives
 from chiptrace.emulator.context import Context
 from chiptrace.emulator.efficiency import Efficiency, check_mode
 from chiptrace.emulator.errors import WorkloadError
+from chiptrace.emulator.hosts import Machine
 from chiptrace.emulator.model import BYTES, resolve_precision
 from chiptrace.emulator.network import Network
-from chiptrace.emulator.topology import Topology
 from chiptrace.emulator.train_step import transfers
 from chiptrace.schema import PRECISIONS
 
@@ -82,7 +86,7 @@ class Replay:
         self.precision = resolve_precision(self.chip, cfg.precision or self.prof.precision)
         self.scale = self._scales()
         self.comm_eff = self._fit_comm()
-        self.nic_ratio = _nic_bw(self.prof.source) / max(_nic_bw(ctx.topology), 1.0)
+        self.machines = (Machine.of(self.src_net), Machine.of(ctx.network))
         cpus = ctx.topology.of_type("cpu")
         # Each GPU's nearest CPU, None without CPUs (host copies then cost nothing extra).
         self.host: dict[str, str | None] = {}
@@ -90,7 +94,12 @@ class Replay:
             near = ctx.network.nearest(g, cpus)
             self.host[g] = near[0] if near else None
         self.plans: dict[tuple[Any, ...], collectives.Plan | None] = {}  # None: spans hosts
-        self.t = 0.0
+        self.t = 0.0  # where the next step starts (replay ns)
+        self.v = 0.0  # where it started in the trace, steps laid back to back (ns)
+        self.drift = 0.0  # how much later the device work ends than in the trace
+        # Per rank and stream: (trace end, replay end) of its last op, across steps.
+        self.chain: dict[tuple[int, int], tuple[float, float]] = {}
+        self.done: dict[int, list[tuple[float, float, int]]] = {}  # rank -> recent ops
 
     def _scales(self) -> dict[str, float]:
         """Target time over source time, per compute class."""
@@ -138,7 +147,7 @@ class Replay:
     ) -> collectives.Plan | None:
         """A collective as the target would run it; None when its group spans other hosts
         or it is not one of the collectives modelled."""
-        group, nbytes, name = int(ops.group[k]) or 2, float(ops.nbytes[k]), ops.collective[k]
+        group, nbytes, name = self._group(ops, k), float(ops.nbytes[k]), ops.collective[k]
         if group > len(gpus) or nbytes <= 0:
             return None
         ranks = gpus[:group]
@@ -154,6 +163,10 @@ class Replay:
             return collectives.alltoall(net, ranks, nbytes, 0, eff)
         return None
 
+    def _group(self, ops: calibrate.StepOps, k: int) -> int:
+        """Ranks in op k's collective: the trace's group size, else the whole job."""
+        return int(ops.group[k]) or self.prof.world
+
     def describe(self) -> dict[str, object]:
         p = self.prof
         steps = sorted(d for _, d in p.steps)
@@ -164,6 +177,7 @@ class Replay:
             "source_precision": p.precision,
             "precision": self.precision,
             "ranks": p.ranks,
+            "world_size": p.world,
             "source_steps": len(p.steps),
             "source_step_ms_median": steps[len(steps) // 2] / 1e6,
             "efficiency_fitted": {c: round(v, 4) for c, v in p.fitted.items()},
@@ -173,32 +187,35 @@ class Replay:
         }
 
     def step(self, s: int) -> float:
-        """Replay source step s mod n from the end of the previous one; returns its end."""
+        """Replay source step s mod n from the end of the previous one; returns the end
+        of its last work (its device work may run on past the step, as in the trace)."""
         name, src_dur = self.prof.steps[s % len(self.prof.steps)]
         tb = self.ctx.table
         trace = tb.new_trace()
         root = tb.ids(1)
-        t0, end = self.t, self.t
+        t0, dev_end, src_end = self.t, self.t, self.v
         for r, rank in enumerate(self.prof.ranks):
             ops = self.prof.ops[s % len(self.prof.ops)].get(rank)
             if ops is not None:
-                dev_end, src_end = self._rank(ops, self.gpus[r], t0, trace, int(root[0]))
-                end = max(end, dev_end + max(0.0, src_dur - src_end))
+                new, old = self._rank(ops, r, trace, int(root[0]))
+                dev_end, src_end = max(dev_end, new), max(src_end, old)
+        # The step keeps its own length but for how much later its device work ends than
+        # the previous step's did: its host time (the gaps) stays as measured.
+        drift = dev_end - src_end
+        end = t0 + max(0.0, src_dur + drift - self.drift)
         tb.add(trace, tb.name(name), t0, end, 0, span_ids=root, attrs=[{"replay.step": s}])
-        self.t = end
-        return end
+        self.t, self.v, self.drift = end, self.v + src_dur, drift
+        return max(end, dev_end)
 
-    def _rank(
-        self, ops: calibrate.StepOps, gpu: str, t0: float, trace: int, parent: int
-    ) -> tuple[float, float]:
-        """One rank's ops of a step; returns (device end, source device end offset)."""
-        n = len(ops.dur)
+    def _rank(self, ops: calibrate.StepOps, r: int, trace: int, parent: int) -> tuple[float, float]:
+        """Rank r's ops of a step, each stream going on from where its last op ended;
+        returns (replay end, trace end) of the last op to end."""
+        n, gpu = len(ops.dur), self.gpus[r]
         start, dur = np.zeros(n), np.zeros(n)
-        chain: dict[int, tuple[float, float]] = {}  # stream -> (source end, replay end)
-        done: list[tuple[float, float, int]] = []  # (source end, replay end, stream)
+        done = self.done.setdefault(r, [])  # (trace end, replay end, stream)
         for k in range(n):
-            q, s_src = int(ops.stream[k]), float(ops.start[k])
-            src_prev, new_prev = chain.get(q, (0.0, t0))
+            q, s_src = int(ops.stream[k]), self.v + float(ops.start[k])
+            src_prev, new_prev = self.chain.get((r, q), (self.v, self.t))
             # The gap before an op is host time, unless the op waited on another stream's
             # op that ended just before it: then it follows that op instead.
             ready = new_prev + max(0.0, s_src - src_prev)
@@ -207,10 +224,11 @@ class Replay:
                     ready = max(new_prev, e_new + (s_src - e_src))
                     break
             start[k], dur[k] = ready, self._duration(ops, k, gpu, ready, trace, parent)
-            chain[q] = (s_src + float(ops.dur[k]), ready + dur[k])
+            self.chain[(r, q)] = (s_src + float(ops.dur[k]), ready + dur[k])
             done.append((s_src + float(ops.dur[k]), ready + dur[k], q))
+        del done[:-64]
         self._emit(ops, gpu, start, dur, trace, parent)
-        return float((start + dur).max()), float((ops.start + ops.dur).max())
+        return float((start + dur).max()), self.v + float((ops.start + ops.dur).max())
 
     def _duration(
         self, ops: calibrate.StepOps, k: int, gpu: str, at: float, trace: int, parent: int
@@ -233,8 +251,10 @@ class Replay:
         if key not in self.plans:
             self.plans[key] = self._plan(net, self.gpus, ops, k, self.comm_eff)
         plan = self.plans[key]
-        if plan is None:  # another host's ranks: bound by the NIC bandwidth per GPU
-            return d * self.nic_ratio
+        if plan is None:  # no bytes, or other hosts' ranks: by the links it crosses
+            group = self._group(ops, k)
+            src, tgt = self.machines
+            return d * src.bandwidth(group) / max(tgt.bandwidth(group), 1.0)
         if gpu == self.gpus[0]:  # one rank's flows stand for the collective's
             collectives.emit(self.ctx.table, plan, at, trace, parent)
         return plan.duration_ns
@@ -276,14 +296,3 @@ class Replay:
         p = self.prof
         e = p.fitted.get(cls, self.eff.of(p.gpu.efficiency, cls, p.precision))
         return int(src_ns / 1e9 * p.gpu.peak_flops[p.precision] * e)
-
-
-def _nic_bw(topo: Topology) -> float:
-    """Network bandwidth per GPU (bytes/s): the NICs' links to switches over the GPUs."""
-    bw = sum(
-        topo.links[li].bandwidth
-        for n in topo.of_type("nic")
-        for other, li in topo.adjacency[n]
-        if topo.chips[other].type == "switch"
-    )
-    return bw / max(1, len(topo.of_type("gpu")))

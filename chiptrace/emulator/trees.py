@@ -67,10 +67,10 @@ def depths(parents: Sequence[int]) -> list[int]:
 
 def tree_flows(
     net: Network, ranks: Sequence[str], channels: int
-) -> tuple[list[Route], np.ndarray, np.ndarray, int]:
+) -> tuple[list[Route], np.ndarray, np.ndarray, np.ndarray]:
     """Every flow of both trees: (routes, phase 0 up / 1 down, depth of the edge's child,
-    channels). Channel k of an edge takes its k-th parallel switch plane."""
-    routes: list[Route] = []
+    share of the edge's bytes), its channels over each edge's switch planes as
+    Network.striped lays them."""
     phase: list[int] = []
     depth: list[int] = []
     edges = [
@@ -80,17 +80,15 @@ def tree_flows(
         for child, parent in enumerate(parents)
         if parent >= 0
     ]
-    planes = {
-        (a, b): net.planes(ranks[a], ranks[b]) for c, p, _ in edges for a, b in ((c, p), (p, c))
-    }
-    c = channels or min(len(p) for p in planes.values())
+    pairs: list[tuple[str, str]] = []
     for child, parent, d in edges:
-        for ph, key in ((0, (child, parent)), (1, (parent, child))):
-            ways = planes[key]
-            routes.extend(ways[k % len(ways)] for k in range(c))
+        for ph, (a, b) in ((0, (child, parent)), (1, (parent, child))):
+            c = channels or len(net.planes(ranks[a], ranks[b]))
+            pairs.append((ranks[a], ranks[b]))
             phase.extend([ph] * c)
             depth.extend([d] * c)
-    return routes, np.array(phase), np.array(depth), c
+    routes, share = net.striped(pairs, channels)
+    return routes, np.array(phase), np.array(depth), share
 
 
 def pipeline(
@@ -98,7 +96,7 @@ def pipeline(
     routes: Sequence[Route],
     phase: np.ndarray,
     depth: np.ndarray,
-    per_flow: float,
+    per_flow: np.ndarray,
     eff: float = 1.0,
     chunk: float = CHUNK_BYTES,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -110,8 +108,8 @@ def pipeline(
     drains fewer flows share the links and steps are shorter."""
     dirs = net.dirs_of(routes)
     lat = np.array([r.latency_ns for r in routes], dtype=np.float64)
-    chunks = max(1, math.ceil(per_flow / chunk))
-    piece = np.full(len(routes), per_flow / chunks)
+    chunks = max(1, math.ceil(float(np.max(per_flow)) / chunk))
+    piece = np.asarray(per_flow, dtype=np.float64) / chunks
     a, top = float(lat.max()), int(depth.max())
     offset = np.where(phase == 0, top - depth, top + depth - 1)
     last = 2 * top + chunks - 1

@@ -38,16 +38,23 @@ def _row(trace: int, span: int, parent: int | None, name: str, a: float, b: floa
     }
 
 
-def _job(out: Path, steps: int = 3) -> Path:
+def _job(
+    out: Path,
+    steps: int = 3,
+    ops: list = OPS,
+    step_ms: float = STEP_MS,
+    world: int | None = None,
+) -> Path:
     """A 2-rank bf16 job laid out as `chiptrace import` lays out a PyTorch profiler trace:
-    ProfilerStep#N roots, kernels on rankR/gpu:R with their stream, NCCL bytes and group."""
+    ProfilerStep#N roots, kernels on rankR/gpu:R with their stream, NCCL bytes and group
+    (a job of `world` ranks as the profiler's distributedInfo states it)."""
     rows, sid = [], 0
     for s in range(steps):
         t0, root = s * 20, sid + 1
         sid += 1
-        rows.append(_row(s + 1, root, None, f"ProfilerStep#{s}", t0, t0 + STEP_MS))
+        rows.append(_row(s + 1, root, None, f"ProfilerStep#{s}", t0, t0 + step_ms))
         for r in range(2):
-            for name, a, d, kind, stream, nb, fl, coll in OPS:
+            for name, a, d, kind, stream, nb, fl, coll in ops:
                 sid += 1
                 attrs = {"thread.id": stream}
                 if coll:
@@ -70,7 +77,8 @@ def _job(out: Path, steps: int = 3) -> Path:
                 )
     cols = {k: [row.get(k) for row in rows] for k in {k for row in rows for k in row}}
     cols["service"] = "pytorch"
-    cols["resource"] = json.dumps({"device.names": ["NVIDIA A100-SXM4-40GB"]})
+    resource = {"device.names": ["NVIDIA A100-SXM4-40GB"]}
+    cols["resource"] = json.dumps(resource | ({"distributed.world_size": world} if world else {}))
     w = PartWriter(out, manifest={"source": "test"})
     w.write(batch_from_columns(cols, len(rows)))
     w.close()
@@ -167,3 +175,131 @@ def test_calibration_round_trip_on_the_kineto_fixtures(tmp_path, files, source):
     r, median = _replay(src, tmp_path / "replay", "a100x8", steps=4, source=source)
     assert median == pytest.approx(real / 1e6, rel=0.15)
     assert r.workload["ranks"] == sorted(r.workload["ranks"]) and r.workload["source_steps"] >= 2
+
+
+def test_a_gpu_running_behind_its_host_keeps_the_hosts_period(tmp_path):
+    # The GPU finishes each step 7 ms into the next one (as a trace whose host runs ahead
+    # shows): the replay keeps the 20 ms period instead of waiting for the device work.
+    lagged = [(n, a + 12, d, *rest) for n, a, d, *rest in OPS]
+    src = _job(tmp_path / "job", steps=4, ops=lagged, step_ms=20)
+    r, median = _replay(src, tmp_path / "own", "a100x8", steps=6)
+    assert median == pytest.approx(20, rel=0.01)
+    gaps = (
+        connect(r.out)
+        .sql(
+            f"SELECT start_ns - lag(end_ns) OVER (ORDER BY start_ns) FROM spans "
+            f"WHERE chip_id = 'gpu:0' AND name = '{GEMM}' ORDER BY start_ns"
+        )
+        .fetchall()
+    )
+    assert [g / 1e6 for (g,) in gaps[2:]] == pytest.approx([16.0] * (len(gaps) - 2), abs=0.01)
+
+
+@pytest.mark.parametrize(("world", "ratio"), [(2, 300 / 1800), (8, 300 / 1800), (16, 25 / 12.5)])
+def test_collectives_without_bytes_scale_by_the_links_they_cross(tmp_path, world, ratio):
+    # No bytes, no group: the job's world size says whether the collective leaves the host
+    # (a100x8 and rack6 hold 8 GPUs): NVLink 3 against NVLink 6 within one, the NICs'
+    # network links per GPU (HDR 25 GB/s each against two 50 GB/s for 8 GPUs) across.
+    ops = [(n, a, d, k, q, 0, fl, "") for n, a, d, k, q, _, fl, _ in OPS]
+    src = _job(tmp_path / "job", ops=ops, world=world)
+    r, _ = _replay(src, tmp_path / "rack6", "rack6")
+    assert r.workload["world_size"] == world
+    (comm,) = (
+        connect(r.out)
+        .sql("SELECT median(duration_ns) / 1e6 FROM spans WHERE name LIKE 'ncclKernel%'")
+        .fetchall()[0]
+    )
+    assert comm == pytest.approx(9 * ratio, rel=1e-3)
+
+
+def test_network_bandwidth_per_gpu_counts_only_the_nics_network_links():
+    from chiptrace.emulator.hosts import nic_bw
+
+    figures = {p: nic_bw(load_topology(p)) / 1e9 for p in ("a100x8", "h100x8", "rack6")}
+    assert figures == pytest.approx({"a100x8": 25.0, "h100x8": 50.0, "rack6": 12.5})
+
+
+def _kineto_jobs() -> list[list[str]]:
+    """Each fixture file a job of its own, but the two ranks of one job together."""
+    files = sorted(p.name for p in FIXTURES.glob("*.json.gz"))
+    ranks = [f for f in files if f.startswith("2rank_")]
+    return [ranks] + [[f] for f in files if f not in ranks]
+
+
+def _real_ms(src: Path) -> float | None:
+    (real,) = (
+        connect(src)
+        .sql(
+            "SELECT median(d) / 1e6 FROM (SELECT max(end_ns) - min(start_ns) AS d FROM spans "
+            "WHERE parent_span_id IS NULL AND name LIKE 'ProfilerStep#%' GROUP BY trace_id)"
+        )
+        .fetchall()[0]
+    )
+    return real
+
+
+def test_every_kineto_fixture_from_a_preset_machine_replays_its_step(tmp_path):
+    """On its own machine within 15% of the real step; on rack6 (faster GPUs and links,
+    the job's collectives within one host) not slower. A trace whose machine no preset
+    describes fails with one line saying what to pass."""
+    chiptrace_importers = importers("chiptrace.importers")
+    replayed, unplaced = {}, []
+    for files in _kineto_jobs():
+        src = tmp_path / files[0].split(".")[0]
+        chiptrace_importers.import_trace([FIXTURES / f for f in files], src)
+        real = _real_ms(src)
+        if real is None:
+            continue  # no profiler steps: nothing to replay (cpu-only, inference, ...)
+        try:
+            _, own = _replay(src, tmp_path / f"{src.name}-own", "a100x8", steps=4)
+        except WorkloadError as e:
+            if "no GPU or NPU work" in str(e):
+                continue
+            assert "\n" not in str(e) and "--set source=" in str(e), str(e)
+            unplaced.append(src.name)
+            continue
+        _, fast = _replay(src, tmp_path / f"{src.name}-rack6", "rack6", steps=4)
+        replayed[src.name] = (real, own, fast)
+    print("\nfixture real_ms own_ms rack6_ms")
+    for name, (real, own, fast) in replayed.items():
+        print(f"{name} {real:.2f} {own:.2f} {fast:.2f}")
+    assert {"nccl_data", "cuda_event_sync"} <= set(replayed)
+    assert {"2rank_sampled_rank-0", "amd_mi250_minitoy_train"} <= set(unplaced)
+    for name, (real, own, fast) in replayed.items():
+        assert own == pytest.approx(real, rel=0.15), name
+        assert fast <= min(real, own) * 1.001, name
+
+
+def _faster(name: str, k: float):
+    """Preset `name` with every chip's peaks and memory bandwidth and every link k times."""
+    from dataclasses import replace
+
+    topo = load_topology(name)
+    chips = {
+        c: replace(
+            s,
+            peak_flops={p: v * k for p, v in s.peak_flops.items()},
+            memory_bandwidth=s.memory_bandwidth * k,
+        )
+        for c, s in topo.chips.items()
+    }
+    links = [replace(lk, bandwidth=lk.bandwidth * k) for lk in topo.links]
+    return replace(topo, chips=chips, links=links, name=f"{name}-x{k:g}")
+
+
+@pytest.mark.parametrize(
+    ("files", "source"),
+    [
+        (["nccl_data.json.gz"], ""),
+        (["2rank_sampled_rank-0.json.gz", "2rank_sampled_rank-1.json.gz"], "a100x8"),
+    ],
+)
+def test_a_rack_faster_in_every_chip_and_link_never_slows_a_step(tmp_path, files, source):
+    # The 128-rank job's collectives cross hosts: on rack6 (two NICs for eight GPUs, half
+    # a100x8's network per GPU) they are slower; on a100x8 with everything twice as fast,
+    # host time as measured, the step can only shrink.
+    src = tmp_path / "imported"
+    importers("chiptrace.importers").import_trace([FIXTURES / f for f in files], src)
+    _, own = _replay(src, tmp_path / "own", "a100x8", steps=4, source=source)
+    _, fast = _replay(src, tmp_path / "fast", _faster("a100x8", 2), steps=4, source=source)
+    assert fast < own

@@ -252,3 +252,42 @@ def test_gpu_optimizer_links_to_the_last_allreduce_bucket(tmp_path):
     assert con.sql(f"SELECT name FROM spans WHERE span_id = '{only}'").fetchall() == [
         ("allreduce.bucket",)
     ]
+
+
+def test_inference_spans_say_what_an_overloaded_queue_needs(tmp_path):
+    """Arrivals, each request's wait and device, and the queue behind each batch (issue
+    23): at twice what rack6 serves the queue grows batch after batch; at a light rate it
+    stays near empty."""
+    import json
+
+    from chiptrace.emulator import emulate
+    from chiptrace.query import connect
+
+    depth = {}
+    for rate in (100, 4000):
+        r = emulate(
+            workload="infer",
+            steps=120,
+            seed=3,
+            out=tmp_path / str(rate),
+            progress=False,
+            options={"rate": rate},
+        )
+        con = connect(r.out)
+        rows = con.sql(
+            "SELECT r.attributes, q.duration_ns FROM spans r JOIN spans q "
+            "ON q.parent_span_id = r.span_id AND q.name = 'queue' WHERE r.name = 'request'"
+        ).fetchall()
+        for attrs, queued in rows:
+            a = json.loads(attrs)
+            assert a["request.queue_ns"] == pytest.approx(queued, abs=1)
+            assert a["request.device"].split(":")[0] in ("gpu", "npu")
+        batches = con.sql(
+            "SELECT attributes FROM spans WHERE name = 'batch' ORDER BY start_ns"
+        ).fetchall()
+        depth[rate] = [json.loads(a)["batch.queue_depth"] for (a,) in batches]
+    light, heavy = depth[100], depth[4000]
+    assert max(light) <= 5
+    quarter = len(heavy) // 4
+    first, last = heavy[:quarter], heavy[-quarter:]
+    assert sum(last) / len(last) > 2 * sum(first) / len(first) > 0
