@@ -80,6 +80,8 @@ class StepGraph:
         after: per node, predecessors it must follow but that did not gate it (a chip's
             earlier work that ended long before): they matter only when a change slows them.
         anchored: per node, True where nothing in the trace gated its start.
+        floor: nodes that may not start before a time, whatever the change (a batch's
+            first work waits for its last request to arrive).
     """
 
     trace_id: str
@@ -90,6 +92,7 @@ class StepGraph:
     preds: list[list[tuple[int, int]]] = field(default_factory=list)
     after: list[list[int]] = field(default_factory=list)
     anchored: list[bool] = field(default_factory=list)
+    floor: dict[int, int] = field(default_factory=dict)  # never starts before (ns)
 
     @property
     def duration_ns(self) -> int:
@@ -234,6 +237,15 @@ class _Edges:
             if n.link and n.dst:
                 dst[n.dst].append(i)
         self.res = {k: _Latest(nodes, v) for k, v in groups.items()}
+        # A collective round (transfers under one parent that start together) ends with
+        # its last transfer: what reads its result waits for that one.
+        rounds: dict[tuple[Any, int], list[int]] = defaultdict(list)
+        for i, n in enumerate(nodes):
+            if n.link:
+                rounds[(b.parent.get(n.span_id), n.start)].append(i)
+        self.round_last = {
+            i: max(v, key=lambda k: nodes[k].end) for v in rounds.values() for i in v
+        }
         self.into = {k: _Latest(nodes, v) for k, v in dst.items()}
         self.joins: dict[tuple[Any, ...], list[int]] = {}
         self.preds: list[dict[int, int]] = [{} for _ in nodes]
@@ -266,6 +278,9 @@ class _Edges:
         if n.chip and n.chip in self.into:  # the transfers that delivered its input
             for j in self.into[n.chip].within(n.start, slack):
                 self._add(i, j)
+            last = self.into[n.chip].latest(b.nodes, i, n.start + slack)
+            if last is not None and n.start - b.nodes[self.round_last[last]].end <= slack:
+                self._add(i, self.round_last[last])  # ... and the rest of its round
         for src in self.srcs.get(_hops_key(b, n), ()) if n.link else ():
             if ("chip", src) in self.res:  # the work that produced it (any hop's source)
                 for j in self.res[("chip", src)].within(n.start, slack):
@@ -326,7 +341,7 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
     root = b.rows.get(root_id or "")
     e = _Edges(b)
     nodes = list(b.nodes)
-    preds = [dict(p) for p in e.preds]
+    preds = _rounds(b, [dict(p) for p in e.preds])
     after = [set(a) for a in e.after]
     join_index: dict[Any, int] = {}
     for i, jkey in enumerate(e.join_of):
@@ -359,6 +374,25 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
         after=[sorted(new[j] for j in after[i] - preds[i].keys()) for i in order],
         anchored=[not preds[i] and nodes[i].name != JOIN for i in order],
     )
+
+
+def _rounds(b: _Builder, preds: list[dict[int, int]]) -> list[dict[int, int]]:
+    """Transfers under one parent that start together are one round of a collective: each
+    waits for whatever gated any of them (the last rank to produce its data)."""
+    rounds: dict[tuple[Any, int], list[int]] = defaultdict(list)
+    for i, n in enumerate(b.nodes):
+        if n.link:
+            rounds[(b.parent.get(n.span_id), n.start)].append(i)
+    for members in rounds.values():
+        if len(members) < 2:
+            continue
+        union: dict[int, int] = {}
+        for i in members:
+            union.update(preds[i])
+        if union:
+            for i in members:
+                preds[i] = {**union, **preds[i]}
+    return preds
 
 
 def _transfers(nodes: list[Node], b: _Builder) -> None:

@@ -21,6 +21,7 @@ from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.kernels import kernel_breakdown
 from chiptrace.analysis.launch import launch_queue
 from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
+from chiptrace.analysis.ranking import replay_savings
 from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
@@ -235,7 +236,8 @@ class TraceAnalysis:
         per_workload = [n for n in names if n not in RUN_RULES]
         out: list[Finding] = []
         for x in self.inputs:
-            out += run_rules(x, per_workload)
+            # Each finding priced by replaying the steps with its culprit fixed (ranking.py).
+            out += replay_savings(x, run_rules(x, per_workload))
         first = self.inputs[0]
         first.endpoints = self.endpoints
         for n in names:

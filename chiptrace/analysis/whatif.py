@@ -157,29 +157,40 @@ def _typical_durations(g: StepGraph, links: frozenset[str]) -> dict[int, float]:
     }
 
 
+def _owner(n: Node) -> str | None:
+    """The chip a node's delay belongs to: its chip, or a transfer's destination."""
+    return n.chip or n.dst
+
+
+def _waits(g: StepGraph) -> list[float]:
+    """How long each node started after everything it follows had ended."""
+    ends = [n.end for n in g.nodes]
+    out = []
+    for i, n in enumerate(g.nodes):
+        before = [ends[j] for j, _ in g.preds[i]] + [ends[j] for j in g.after[i]]
+        out.append(float(n.start - max(before, default=g.start_ns)))
+    return out
+
+
 def _peer_offsets(g: StepGraph, chips: frozenset[str]) -> dict[int, float]:
-    """Anchored work on `chips` moved to the median start (from the step's start) of the
-    same work anchored on the other chips of the type."""
+    """Anchored work on `chips` (or transfers into them) started sooner: by how much longer
+    it waited than the median of the same work on the other chips of the type."""
     if not chips:
         return {}
-    offsets: dict[tuple[str, str | None], list[int]] = defaultdict(list)
+    waits = _waits(g)
+    peers: dict[tuple[str, str], list[float]] = defaultdict(list)
     for i, n in enumerate(g.nodes):
-        if g.anchored[i] and n.chip:
-            offsets[(n.name, n.chip_type)].append(n.start - g.start_ns)
+        own = _owner(n)
+        if own and not _matches(chips, own, None):
+            peers[(n.name, own.split(":", 1)[0])].append(waits[i])
     out = {}
     for i, n in enumerate(g.nodes):
-        if not (g.anchored[i] and _matches(chips, n.chip, n.chip_type)):
+        own = _owner(n)
+        if not (g.anchored[i] and own and _matches(chips, own, n.chip_type)):
             continue
-        peers = [
-            m.start - g.start_ns
-            for k, m in enumerate(g.nodes)
-            if g.anchored[k]
-            and m.chip != n.chip
-            and (m.name, m.chip_type) == (n.name, n.chip_type)
-            and not _matches(chips, m.chip, None)
-        ]
-        if peers:
-            out[i] = min(float(n.start), g.start_ns + statistics.median(peers))
+        same = peers.get((n.name, own.split(":", 1)[0]))
+        if same:
+            out[i] = n.start - max(waits[i] - statistics.median(same), 0.0)
     return out
 
 
@@ -198,10 +209,8 @@ def durations(g: StepGraph, change: Change, topo: Topology) -> list[float]:
     return dur
 
 
-def replay(g: StepGraph, change: Change, topo: Topology) -> float:
-    """The step's duration (ns) with `change` applied; unchanged, its measured duration."""
-    if not g.nodes:
-        return float(g.duration_ns)
+def replay_ends(g: StepGraph, change: Change, topo: Topology) -> list[float]:
+    """Every node's end (ns) with `change` applied."""
     dur = durations(g, change, topo)
     moved = _peer_offsets(g, change.undelay)
     end = [0.0] * len(g.nodes)
@@ -211,7 +220,15 @@ def replay(g: StepGraph, change: Change, topo: Topology) -> float:
             t = max(t, end[j] + gap)
         for j in g.after[i]:
             t = max(t, end[j])
-        end[i] = t + dur[i]
+        end[i] = max(t, g.floor.get(i, t)) + dur[i]
+    return end
+
+
+def replay(g: StepGraph, change: Change, topo: Topology) -> float:
+    """The step's duration (ns) with `change` applied; unchanged, its measured duration."""
+    if not g.nodes:
+        return float(g.duration_ns)
+    end = replay_ends(g, change, topo)
     last = max(n.end for n in g.nodes)
     return g.duration_ns + (max(end) - last)
 

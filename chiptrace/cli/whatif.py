@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     from chiptrace.analysis import TraceAnalysis
-    from chiptrace.analysis.whatif import MAX_GRAPH_SPANS, Change, evaluate
+    from chiptrace.analysis.serving import back_ends, evaluate
+    from chiptrace.analysis.whatif import MAX_GRAPH_SPANS, Change
     from chiptrace.analysis.whatif_names import WhatIfError, parse_change
 
     ta = TraceAnalysis(args.path)
@@ -73,6 +74,7 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
             {
                 "step": w.name,
                 "steps_replayed": new["steps"],
+                "statistic": "mean" if back_ends(w.steps) else "p50",
                 "measured_ms": round(base["measured_ns"] / 1e6, 4),
                 "replayed_unchanged_ms": round(base["replayed_ns"] / 1e6, 4),
                 "replayed_ms": round(new["replayed_ns"] / 1e6, 4),
@@ -94,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("no steps to replay\n")
     for r in rows:
         sys.stdout.write(
-            f"{r['step']}: {r['steps_replayed']} steps, p50 {r['measured_ms']:.3f} ms measured "
+            f"{r['step']}: {r['steps_replayed']} steps, {r['statistic']} {r['measured_ms']:.3f} ms "
+            "measured "
             f"({r['replayed_unchanged_ms']:.3f} replayed unchanged) -> {r['replayed_ms']:.3f} ms"
             f", saves {r['saving_ms']:.3f} ms ({r['saving_pct']:.1f}%)\n"
         )
