@@ -80,6 +80,7 @@ class Finding:
 #: both a straggler and below its roofline; the straggler says what it costs the step).
 RULE_ORDER = (
     "link-down",
+    "queue-overload",
     "straggler",
     "link-bound",
     "compute-bound",
