@@ -66,8 +66,8 @@ def _speeds(x: RuleInput) -> dict[str, float]:
     for (_, _), by_chip in per.items():
         if len(by_chip) < 2:
             continue
-        med = statistics.median(v for v, _ in by_chip.values())
-        for chip, (v, d) in by_chip.items():
+        for chip, (v, d) in by_chip.items():  # against the others: two DPUs have one peer
+            med = statistics.median(o for c, (o, _) in by_chip.items() if c != chip)
             ratios[chip].append((v / med, d))
     out = {}
     for chip, rs in ratios.items():

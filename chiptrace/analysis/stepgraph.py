@@ -82,6 +82,8 @@ class StepGraph:
         anchored: per node, True where nothing in the trace gated its start.
         floor: nodes that may not start before a time, whatever the change (a batch's
             first work waits for its last request to arrive).
+        external: per node, the span ids it links to in other steps (input prefetched
+            during the step before): the replay of consecutive steps carries them over.
     """
 
     trace_id: str
@@ -93,6 +95,7 @@ class StepGraph:
     after: list[list[int]] = field(default_factory=list)
     anchored: list[bool] = field(default_factory=list)
     floor: dict[int, int] = field(default_factory=dict)  # never starts before (ns)
+    external: dict[int, list[str]] = field(default_factory=dict)  # links to other steps
 
     @property
     def duration_ns(self) -> int:
@@ -373,6 +376,13 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
         preds=[sorted((new[j], g) for j, g in preds[i].items()) for i in order],
         after=[sorted(new[j] for j in after[i] - preds[i].keys()) for i in order],
         anchored=[not preds[i] and nodes[i].name != JOIN for i in order],
+        external={
+            new[i]: ext
+            for i in range(len(b.nodes))
+            if (
+                ext := [x for x in _links(b.rows[nodes[i].span_id].get("links")) if x not in b.rows]
+            )
+        },
     )
 
 
