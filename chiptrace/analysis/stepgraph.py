@@ -257,7 +257,9 @@ class _Edges:
         for i in range(len(nodes)):
             self._derive(i)
 
-    def _add(self, i: int, j: int | None) -> None:
+    def _add(self, i: int, j: int | None, order: bool = True) -> None:
+        """j gated i if it ended within the slack before; else, with `order`, i only
+        follows it (a chip's earlier work: it matters when a change slows that work)."""
         if j is None or j == i:
             return
         s, p = self.b.nodes[i], self.b.nodes[j]
@@ -266,15 +268,15 @@ class _Edges:
         gap = s.start - p.end
         if gap <= _slack(s):
             self.preds[i][j] = gap
-        else:
+        elif order:
             self.after[i].add(j)
 
     def _derive(self, i: int) -> None:
         b, n = self.b, self.b.nodes[i]
         slack = _slack(n)
         key = _resource(n)
-        if key is not None:
-            self._add(i, self.res[key].latest(b.nodes, i, n.start + slack))
+        if key is not None:  # a link is shared, not serial: its order binds nothing
+            self._add(i, self.res[key].latest(b.nodes, i, n.start + slack), not n.link)
         for lid in _links(b.rows[n.span_id].get("links")):
             if lid in b.rows:
                 self._add(i, b.last_leaf(lid))
