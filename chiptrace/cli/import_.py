@@ -86,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
         skipped = sum(f["skipped"].values())
         extra = f", {skipped} events skipped ({_reasons(f['skipped'])})" if skipped else ""
         out.write(f"{f['path']}: {f['format']}{rank}, {f['spans']} spans{extra}\n")
+        for cat, n in f.get("unrecognised", {}).items():
+            sys.stderr.write(
+                f"warning: {f['path']}: {n} events of unrecognised category {cat!r} "
+                "stored as host work on cpu:0\n"
+            )
     for path, off in summary.offsets_ns.items():
         out.write(f"clock of {path} shifted by {off / 1000:+.0f} us (aligned on NCCL)\n")
     out.write(

@@ -141,6 +141,12 @@ def _file_summary(f: FileFacts) -> dict[str, Any]:
         out["events"] = f.events
     if f.categories:
         out["categories"] = dict(sorted(f.categories.items()))
+    if f.format == "kineto":
+        from chiptrace.importers.kineto_map import unrecognised
+
+        unknown = unrecognised(f.categories)
+        if unknown:  # stored as host work on cpu:0: said, never silent
+            out["unrecognised"] = unknown
     out["skipped"] = dict(f.tally.get("skipped", {}))
     for key in ("metadata", "flows"):
         if f.tally.get(key):
