@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 NAME = "import"
 ORDER = 15
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
+    _warn(summary.files)
     if args.json:
         sys.stdout.write(json.dumps(summary.as_dict(), indent=1) + "\n")
         return 0
@@ -86,11 +88,6 @@ def run(args: argparse.Namespace) -> int:
         skipped = sum(f["skipped"].values())
         extra = f", {skipped} events skipped ({_reasons(f['skipped'])})" if skipped else ""
         out.write(f"{f['path']}: {f['format']}{rank}, {f['spans']} spans{extra}\n")
-        for cat, n in f.get("unrecognised", {}).items():
-            sys.stderr.write(
-                f"warning: {f['path']}: {n} events of unrecognised category {cat!r} "
-                "stored as host work on cpu:0\n"
-            )
     for path, off in summary.offsets_ns.items():
         out.write(f"clock of {path} shifted by {off / 1000:+.0f} us (aligned on NCCL)\n")
     out.write(
@@ -102,3 +99,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _reasons(skipped: dict[str, int]) -> str:
     return ", ".join(f"{n} {why}" for why, n in sorted(skipped.items(), key=lambda kv: -kv[1]))
+
+
+def _warn(files: list[dict[str, Any]]) -> None:
+    """Files loaded in part, categories mapped to no chip: on stderr, whatever the output."""
+    for f in files:
+        for warning in f.get("warnings", []):
+            sys.stderr.write(f"warning: {f['path']}: {warning}\n")
+        for cat, n in f.get("unrecognised", {}).items():
+            sys.stderr.write(
+                f"warning: {f['path']}: {n} events of unrecognised category {cat!r} "
+                "stored as host work on cpu:0\n"
+            )

@@ -35,7 +35,7 @@ def detect(path: str | os.PathLike[str]) -> str:
         raise TraceFormatError(f"{path}: empty file; {EXPECTED}")
     if text[:1] not in (b"{", b"["):
         raise TraceFormatError(f"{path}: not JSON (starts with {text[:12]!r}); {EXPECTED}")
-    first_key = re.match(rb'\{\s*"([^"]{1,40})"', text)
+    first_key = re.match(rb'\[?\s*\{\s*"([^"]{1,40})"', text)
     key = first_key.group(1) if first_key else b""
     if b'"resourceSpans"' in text[:4096] or key == b"resourceSpans":
         return "otlp-json"

@@ -116,6 +116,7 @@ def _read_events(
             # Bytes read are gunzipped bytes: scale them to the file's share of the total.
             frac = min(reader.stream.bytes_read / max(size * 8, 1), 0.95)
             progress(done + int(size * frac), total)
+    reader.facts.warnings = list(reader.stream.warnings)
     return pending
 
 
@@ -147,6 +148,8 @@ def _file_summary(f: FileFacts) -> dict[str, Any]:
         unknown = unrecognised(f.categories)
         if unknown:  # stored as host work on cpu:0: said, never silent
             out["unrecognised"] = unknown
+    if f.warnings:
+        out["warnings"] = f.warnings
     out["skipped"] = dict(f.tally.get("skipped", {}))
     for key in ("metadata", "flows"):
         if f.tally.get(key):
