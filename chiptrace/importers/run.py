@@ -9,6 +9,7 @@ from typing import Any
 
 from chiptrace.importers import ImportSummary
 from chiptrace.importers.assemble import Assembler, Pending
+from chiptrace.importers.jobs import check_one_job
 from chiptrace.importers.plan import FileFacts
 from chiptrace.importers.pool import Pool, worker_count
 from chiptrace.importers.within import Within
@@ -49,6 +50,7 @@ def run_import(
     progress: Callable[[int, int], None] | None,
     workers: int | None = None,
     within: Within | None = None,
+    merge: bool = False,
 ) -> ImportSummary:
     manifest: dict[str, Any] = {
         "source": "import",
@@ -82,9 +84,14 @@ def run_import(
                 progress(done_bytes, total_bytes)
         if pool is not None:
             pool.close()  # the workers' memory goes before the second pass
+        if not merge and within is None:
+            check_one_job(pending)
         asm = Assembler(staging, seed, align, within)
         asm.finish(pending)
         summary = _summary(out, facts, pending, asm.offsets, n_workers)
+        if not summary.spans and within is None:
+            staging.abort()  # nothing to store: the dir stays as it was
+            return summary
         staging.commit(
             spans_skipped=summary.skipped,
             run_id=within.run_id if within is not None and within.run_id else seed[:8].hex(),
