@@ -18,16 +18,19 @@ from pathlib import Path
 from chiptrace.errors import ChiptraceError
 from chiptrace.store import MANIFEST_DIR, PART_SUFFIX, SPANS_DIR, read_manifests
 
+_APPENDED = ("import", "emulator")  # the writers that add a run to a dir only with --append
 # What a trace file made elsewhere looks like (what `chiptrace import` reads).
 _TRACE_FILE_SUFFIXES = (".json", ".json.gz", ".jsonl", ".jsonl.gz", ".gz", ".pb", ".otlp")
 
 
 @dataclass(frozen=True)
 class Run:
-    """One run among the dirs given: its id (or its dir's name) and its dirs."""
+    """One run among the dirs given: its id (or its dir's name), its dirs, and the paths to
+    read it from (its dirs, or its own parts where a dir holds several runs)."""
 
     id: str
     dirs: tuple[str, ...]
+    paths: tuple[str, ...]
 
     def describe(self) -> str:
         return f"{self.id} ({', '.join(self.dirs)})"
@@ -65,7 +68,9 @@ def check_given(paths: list[str], command: str, several: bool = True) -> None:
                         f"{m} is a trace file, not a trace dir: run `chiptrace import {m} "
                         f"--out DIR` first, then `chiptrace {command} DIR`"
                     )
-                raise ChiptraceError(f"{m}: expected a trace dir (a folder of Parquet parts)")
+                raise ChiptraceError(
+                    f"{m}: expected a trace dir (a folder of Parquet parts), not a file"
+                )
             if p.is_dir() and not _is_store(p):
                 runs = sorted(c.name for c in p.iterdir() if c.is_dir() and _is_store(c))
                 if runs:
@@ -80,17 +85,33 @@ def check_given(paths: list[str], command: str, several: bool = True) -> None:
 
 
 def runs_of(paths: list[str]) -> list[Run]:
-    """The runs the dirs (globs expanded) hold, in the order given."""
-    groups: dict[str, list[str]] = {}
+    """The runs the dirs (globs expanded) hold, in the order given. A dir that holds several
+    runs (`import --append`) gives each its own parts."""
+    groups: dict[str, tuple[list[str], list[str]]] = {}
     for raw in paths:
         # A glob that matches nothing stays as given: the store's error names it.
         matches = (sorted(glob.glob(raw)) if glob.has_magic(raw) else []) or [raw]
         for m in matches:
-            p = Path(m)
-            ids = sorted({str(x["run_id"]) for x in read_manifests([p]) if x.get("run_id")})
-            key = "+".join(ids) if ids else p.name
-            groups.setdefault(key, []).append(m)
-    return [Run(k, tuple(v)) for k, v in groups.items()]
+            by_run: dict[str, list[str]] = {}
+            manifests = read_manifests([Path(m)])
+            for x in manifests:
+                by_run.setdefault(str(x.get("run_id") or ""), []).append(str(x.get("writer_id")))
+            # Runs added with --append (import, emulate) are apart; the processes of a
+            # recorded run may carry run ids of their own and stay one run.
+            appended = all(x.get("source") in _APPENDED and x.get("writer_id") for x in manifests)
+            if len(by_run) > 1 and Path(m).is_dir() and appended:
+                for run_id, writers in by_run.items():
+                    dirs, parts = groups.setdefault(run_id, ([], []))
+                    dirs.append(m)
+                    parts += [
+                        str(Path(m) / SPANS_DIR / f"part-{w}-*{PART_SUFFIX}") for w in writers
+                    ]
+                continue
+            key = "+".join(sorted(by_run)) if any(by_run) else Path(m).name
+            dirs, parts = groups.setdefault(key, ([], []))
+            dirs.append(m)
+            parts.append(m)
+    return [Run(k, tuple(d), tuple(p)) for k, (d, p) in groups.items()]
 
 
 def pick(paths: list[str], run: str | None, command: str) -> list[Run]:

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             f"chiptrace: note: {len(runs)} runs queried as one ({listed}); "
             "--run ID queries one of them\n"
         )
-    args.dirs = [d for r in runs for d in r.dirs]
+    args.dirs = [p for r in runs for p in r.paths]
     con = connect(args.dirs)
     try:
         table = run_sql(con, args.sql)

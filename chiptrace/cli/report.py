@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             run(args)
         return 0
     ta = TraceAnalysis(
-        list(runs[0].dirs),
+        list(runs[0].paths),
         since_ns=args.since_ns,
         until_ns=args.until_ns,
         step_name=args.step,

@@ -58,8 +58,11 @@ def test_import_into_a_non_empty_out_needs_append(tmp_path, capsys):
     assert sorted(p.name for p in out.rglob("*")) == before
     code, stdout, _ = _run(capsys, "import", str(f), "--out", str(out), "--append")
     assert code == 0 and "stored 6 spans" in stdout
-    code, stdout, _ = _run(capsys, "query", str(out), "SELECT count(*) AS n FROM spans")
-    assert code == 0 and stdout.split()[2] == "12"
+    # Two runs in one dir: queried as one (and said so), reported one by one.
+    code, stdout, err = _run(capsys, "query", str(out), "SELECT count(*) AS n FROM spans")
+    assert code == 0 and stdout.split()[2] == "12" and "2 runs queried as one" in err
+    code, stdout, _ = _run(capsys, "report", str(out))
+    assert code == 0 and stdout.count("== run ") == 2 and stdout.count("spans 6 ") == 2
 
 
 @pytest.mark.parametrize(
