@@ -21,6 +21,11 @@ _KINETO_HINTS = (
     b'"cat": "kernel"',
     b'"cat": "user_annotation"',
     b'"cat": "cuda_runtime"',
+    # The PyTorch 1.8-1.9 profiler: capitalised categories, its name in every op's args
+    # (its first files were a bare array with no schemaVersion).
+    b'"Trace name": "PyTorch Profiler"',
+    b'"name": "PyTorch Profiler (0)"',
+    b'"cat": "Runtime"',
 )
 
 

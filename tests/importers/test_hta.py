@@ -30,6 +30,7 @@ CASES = {
         f"corpus_{name}": [f"../corpus/kineto/{name}.json.gz"]
         for name in (
             "tb_resnet50_nw0_pt18",
+            "tb_resnet50_nw0_pt19",
             "tb_resnet50_nw4_pt19",
             "tb_gpu_metrics_input",
             "hta_inference_rank_1",
