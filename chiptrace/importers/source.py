@@ -30,6 +30,7 @@ BLOCK_BYTES = 2 << 20
 BIG_BLOCK_BYTES, BIG_AFTER = 8 << 20, 64 << 20
 _READ_BYTES = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
+_BOM = b"\xef\xbb\xbf"
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
@@ -51,8 +52,13 @@ def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
         raise TraceFormatError(f"cannot read {path}: {e.strerror}") from e
     if fh.read(2) == _GZIP_MAGIC:
         fh.close()
-        return cast(IO[bytes], gzip.open(path, "rb"))  # a GzipFile is one; typeshed disagrees
+        fh = cast(IO[bytes], gzip.open(path, "rb"))  # a GzipFile is one; typeshed disagrees
     fh.seek(0)
+    try:
+        if fh.read(3) != _BOM:  # a UTF-8 byte order mark (Windows editors write one): skipped
+            fh.seek(0)
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError):
+        fh.seek(0)  # damage shows when the file is read, as one line
     return fh
 
 

@@ -160,3 +160,12 @@ def test_numeric_string_times_are_numbers(tmp_path):
         .fetchall()
     )
     assert rows == [("a", 20_000), ("b", 5_000)]
+
+
+@pytest.mark.parametrize("name", ["bom.json", "bom.json.gz"])
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path, name):
+    data = b'\xef\xbb\xbf[{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]'
+    f = tmp_path / name
+    f.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    r = _cli(str(f), "--out", str(tmp_path / "o"))
+    assert r.returncode == 0 and "chrome, 1 spans" in r.stdout, r.stderr
