@@ -52,7 +52,9 @@ def _is_store(path: Path) -> bool:
     )
 
 
-def check_given(paths: list[str], command: str, several: bool = True) -> None:
+def check_given(
+    paths: list[str], command: str, several: bool = True, run_flag: bool = True
+) -> None:
     """Refuse, with the way out, what is not a trace dir: a trace file, a folder of runs.
 
     Raises:
@@ -80,7 +82,7 @@ def check_given(paths: list[str], command: str, several: bool = True) -> None:
                     raise ChiptraceError(
                         f"{m} holds {len(runs)} run{'s' if len(runs) != 1 else ''} ({shown}), "
                         f"not a trace: {every}chiptrace {command} {os.path.join(m, runs[-1])}"
-                        + ("" if several else f" (or --run {runs[-1]})")
+                        + ("" if several or not run_flag else f" (or --run {runs[-1]})")
                     )
 
 

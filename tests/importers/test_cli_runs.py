@@ -175,3 +175,13 @@ def test_query_errors_keep_duckdbs_hints_and_empty_sql_is_one_line(two_runs, cap
     assert code == 2 and "empty SQL" in _one_line_error(err) and out == ""
     code, out, _ = _run(capsys, "query", run, "SET threads = 1")
     assert code == 0 and "not shown" not in out
+
+
+def test_diff_points_to_import_and_to_one_run(tmp_path, two_runs, capsys):
+    f = _kineto(tmp_path / "trace.json", 0, 1)
+    first = str(two_runs / "first")
+    code, _, err = _run(capsys, "diff", str(f), first)
+    assert code == 2 and f"chiptrace import {f} --out DIR" in _one_line_error(err)
+    code, _, err = _run(capsys, "diff", str(two_runs), first)
+    line = _one_line_error(err)
+    assert code == 2 and "give one: chiptrace diff" in line and "--run" not in line
