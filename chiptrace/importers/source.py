@@ -47,18 +47,25 @@ def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
         TraceFormatError: the file cannot be opened.
     """
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+        raw = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
     except OSError as e:
         raise TraceFormatError(f"cannot read {path}: {e.strerror}") from e
-    if fh.read(2) == _GZIP_MAGIC:
-        fh.close()
+    fh: IO[bytes] = raw
+    zipped = raw.read(2) == _GZIP_MAGIC
+    if zipped:
+        raw.close()
         fh = cast(IO[bytes], gzip.open(path, "rb"))  # a GzipFile is one; typeshed disagrees
-    fh.seek(0)
+    else:
+        raw.seek(0)
     try:
         if fh.read(3) != _BOM:  # a UTF-8 byte order mark (Windows editors write one): skipped
             fh.seek(0)
-    except (EOFError, gzip.BadGzipFile, zlib.error, OSError):
-        fh.seek(0)  # damage shows when the file is read, as one line
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
+        if not zipped:
+            raise TraceFormatError(f"cannot read {path}: {e}") from None
+        # Damage shows when the file is read (as one line): start that read afresh.
+        fh.close()
+        fh = cast(IO[bytes], gzip.open(path, "rb"))
     return fh
 
 
