@@ -41,7 +41,9 @@ _ALIASES = {
     "gpu_user_Annotation": "gpu_user_annotation",
     "GPU user annotation": "gpu_user_annotation",
 }
-DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "mtia_ccp_events"})
+DEVICE_CATS = frozenset(
+    {"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "xpu_sync", "mtia_ccp_events"}
+)
 LAUNCH_CATS = frozenset(
     {
         "cuda_runtime",
@@ -55,7 +57,7 @@ LAUNCH_CATS = frozenset(
 )
 # Ranges on no chip: the profiler's window, annotations and profiler ranges on the device
 # timeline (HTA leaves them out of kernel time too).
-FREE_CATS = frozenset({"gpu_user_annotation", "Trace", "cuda_profiler_range"})
+FREE_CATS = frozenset({"gpu_user_annotation", "Trace", "cuda_profiler_range", "cuda_event"})
 # Host work by name: anything else is stored as host work and counted as unrecognised.
 HOST_CATS = frozenset(
     {
@@ -67,9 +69,7 @@ HOST_CATS = frozenset(
         "collective_comm",
         "glow_runtime",
         "mtia_insight",
-        "cuda_event",
         "hpu_op",
-        "xpu_sync",
         "xpu_scope_profiler",
     }
 )
@@ -149,7 +149,7 @@ def device_kind(cat: str, name: str) -> tuple[int, int]:
         return _OP["memcpy"], HTOD if tag == "HtoD" else DTOH if tag == "DtoH" else NO_COPY
     if cat == "gpu_memset":
         return _OP["memset"], NO_COPY
-    if cat == "cuda_sync":
+    if cat in ("cuda_sync", "xpu_sync"):
         return _OP["sync"], NO_COPY
     if cat == "mtia_ccp_events":
         low = name.lower()
