@@ -34,8 +34,10 @@ def _s(v: Any) -> str:
 def _steps_lines(d: dict[str, Any]) -> list[str]:
     out = []
     for w in d.get("workloads") or []:
+        ranks = w.get("ranks") or 1
+        per = f" ({ranks} ranks x {w['steps'] / ranks:,.4g})" if ranks > 1 else ""
         out.append(
-            f"  step {_s(w['step'])!r}: {w['steps']:,} step{'' if w['steps'] == 1 else 's'}, "
+            f"  step {_s(w['step'])!r}: {w['steps']:,} step{'' if w['steps'] == 1 else 's'}{per}, "
             f"p50 {_fmt(w['step_ms_p50'])} ms, p99 {_fmt(w['step_ms_p99'])} ms, "
             f"comm share {_pct(w.get('comm_share'))}"
         )

@@ -128,6 +128,7 @@ _NO_STEPS = pa.schema(
         ("start_ns", _I),
         ("end_ns", _I),
         ("links", _S),
+        ("proc", _S),
     ]
 ).empty_table()
 

@@ -24,7 +24,7 @@ from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
 from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
-from chiptrace.analysis.steps import Step, load_steps, pick_steps
+from chiptrace.analysis.steps import Step, load_steps, pick_steps, step_groups
 from chiptrace.analysis.tables import TraceTables, load_tables
 
 Rule = Callable[[RuleInput], list[Finding]]
@@ -152,7 +152,9 @@ class TraceAnalysis:
         per_step = t.spans / max(sum(w.steps.num_rows for w in t.workloads), 1)
         if per_step > self.max_step_spans:
             return []
-        k = max(1, min(self.sample_steps, int(budget // max(per_step, 1))))
+        # A step is every rank's copy of it (steps.step_groups): k steps cost k x ranks.
+        ranks = t.steps.num_rows / max(len(step_groups(t.steps)), 1)
+        k = max(1, min(self.sample_steps, int(budget // max(per_step * ranks, 1))))
         return load_steps(self.con, t.steps, pick_steps(t.steps, k if self.sample_steps else 0))
 
     @cached_property

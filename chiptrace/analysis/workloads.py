@@ -45,6 +45,18 @@ _STEP_ATTR = r'"(?:[^"]*[._])?(?:step|iteration)"\s*:\s*-?[0-9]'
 # A profiler's operator or runtime call (Kineto's `cpu_op`, `cuda_runtime`...): library work
 # inside a step, never the step itself, however often it repeats.
 _OP_CALL = r'"kineto[.]cat"\s*:\s*"(?:cpu_op|cuda_driver|[a-z0-9_]*_runtime)"'
+# The process (rank) a span ran in: its resource's `distributed.rank`, else the resource
+# itself (one per process). A step is a rank's: the same `ProfilerStep#10` of eight ranks
+# shares a trace id, and its work must never land in another rank's step.
+PROC_SQL = (
+    "coalesce('rank' || json_extract_string({r}resource, '$.\"distributed.rank\"'), "
+    "'p' || CAST(hash({r}resource) AS VARCHAR))"
+)
+
+
+def proc_sql(alias: str = "") -> str:
+    """SQL for a span's process key (`PROC_SQL`), its columns read from `alias`."""
+    return PROC_SQL.format(r=f"{alias}." if alias else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +110,7 @@ def candidates(con: Any) -> Any:
                coalesce(regexp_matches(s.attributes, '{_STEP_ATTR}'), false) AS attr,
                coalesce(regexp_matches(s.attributes, '{_OP_CALL}'), false) AS op_call,
                s.chip_id IS NOT NULL AS on_chip, s.link_id IS NOT NULL AS on_link,
-               p.chip_child, p.link_child"""
+               p.chip_child, p.link_child, {proc_sql("s")} AS proc"""
     # Parents off the links first: finding a span by id reads every span id (the largest
     # column), and an nvl72 run is 99.9% link transfers, none of them a parent. Those
     # only are probed for the ids still missing, which are usually none.
@@ -297,12 +309,14 @@ def choose_glob(con: Any, where: str, pattern: str, max_workloads: int = MAX_WOR
 
 
 def step_rows(con: Any, choice: StepChoice, where: str, tmp: str | None) -> pa.Table:
-    """The steps of one workload: trace_id, span_id (hex), name, start_ns, end_ns, links;
-    a span nested in another step of the same workload belongs to that one."""
+    """The steps of one workload: trace_id, span_id (hex), name, start_ns, end_ns, links,
+    proc (the process or rank that ran it, `proc_sql`); a span nested in another step of
+    the same workload belongs to that one."""
     src = (
         tmp
         or f"""(SELECT trace_id, span_id, parent_span_id, CAST(name AS VARCHAR) AS name,
-                             start_ns, greatest(end_ns, start_ns) AS end_ns, links
+                             start_ns, greatest(end_ns, start_ns) AS end_ns, links,
+                             {proc_sql()} AS proc
                       FROM spans_raw WHERE {where})"""
     )
     with _registered(con, choice.names) as names:
@@ -311,7 +325,7 @@ def step_rows(con: Any, choice: StepChoice, where: str, tmp: str | None) -> pa.T
             f"""
             WITH m AS MATERIALIZED (SELECT c.* FROM {src} c SEMI JOIN {names} n ON c.name = n.name)
             SELECT lower(hex(m.trace_id)) AS trace_id, lower(hex(m.span_id)) AS span_id,
-                   m.name, m.start_ns, m.end_ns, m.links
+                   m.name, m.start_ns, m.end_ns, m.links, m.proc
             FROM m ANTI JOIN m AS pm ON pm.span_id = m.parent_span_id AND pm.trace_id = m.trace_id
             ORDER BY m.start_ns, m.span_id""",
         )
