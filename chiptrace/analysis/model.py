@@ -86,6 +86,7 @@ RULE_ORDER = (
     "exposed-comm",
     "poor-overlap",
     "latency-bound",
+    "pageable-copy",
     "step-outliers",
     "host-contention",
     "error-rate",

@@ -95,7 +95,35 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
                 f"  {_s(c['chip_id']):<14} {_s(c['chip_type']):<7} util "
                 f"{_pct(c['utilization']):>7}   ops {c['ops']:,}"
             )
+    out += _link_lines(d.get("links") or [])
     return "\n".join(out) + "\n"
+
+
+MAX_LINKS = 10
+
+
+def _link_lines(links: list[dict[str, Any]]) -> list[str]:
+    """The busiest link directions: the rate achieved while busy, against the link's
+    bandwidth where the topology gives it (else said to be unknown, never guessed)."""
+    if not links:
+        return []
+    rows = sorted(links, key=lambda r: (-(r.get("busy_share") or 0), _s(r["link_id"])))
+    out = ["", "Links (busiest directions; rate while busy)"]
+    for r in rows[:MAX_LINKS]:
+        bw = r.get("bandwidth_GBps")
+        peak = (
+            f"of {bw:g} GB/s ({_pct(r.get('bandwidth_fraction_while_busy'))})"
+            if bw
+            else "peak unknown (no topology gives its bandwidth)"
+        )
+        out.append(
+            f"  {_s(r['link_id'])} {_s(r['src'])}->{_s(r['dst'])}   {r['transfers']:,} transfers"
+            f"   {(r['bytes'] or 0) / 1e6:,.1f} MB   busy {_pct(r.get('busy_share'))}"
+            f"   {_fmt(r.get('GBps_while_busy'))} GB/s {peak}"
+        )
+    if len(rows) > MAX_LINKS:
+        out.append(f"  ... {len(rows) - MAX_LINKS} more (--json shows all)")
+    return out
 
 
 def _path_lines(d: dict[str, Any]) -> list[str]:

@@ -51,6 +51,7 @@ RULES: dict[str, Rule] = {
     "link-bound": rl.link_bound,
     "link-down": rl.link_down,
     "latency-bound": rm.latency_bound,
+    "pageable-copy": rl.pageable_copies,
     "poor-overlap": rm.poor_overlap,
     "exposed-comm": rd.exposed_comm,
     "launch-bound": rd.launch_bound,
