@@ -88,6 +88,7 @@ RULE_ORDER = (
     "latency-bound",
     "pageable-copy",
     "step-outliers",
+    "long-tasks",
     "host-contention",
     "error-rate",
     "tail-latency",

@@ -57,6 +57,16 @@ class WorkloadTables:
     def name(self) -> str:
         return self.choice.name
 
+    @property
+    def training(self) -> bool:
+        """Whether the trace shows these are training (or inference) steps: the profiler's
+        step markers, a step attribute, a name given with --step, or device work (GPU/NPU)
+        under the repeating span. Otherwise they are tasks (a browser's, a service's), and
+        step and training advice does not apply to them."""
+        if self.choice.evidence != "repeat":
+            return True
+        return any(t in ("gpu", "npu") for t in self.step_chips.column("chip_type").to_pylist())
+
 
 def empty_step_chips() -> pa.Table:
     return pa.table({k: pa.array([], t) for k, t in _STEP_CHIP_COLUMNS.items()})

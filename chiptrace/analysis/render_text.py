@@ -34,6 +34,14 @@ def _s(v: Any) -> str:
 def _steps_lines(d: dict[str, Any]) -> list[str]:
     out = []
     for w in d.get("workloads") or []:
+        if w.get("training") is False:
+            out.append(
+                f"  tasks {_s(w['step'])!r}: {w['steps']:,}, p50 {_fmt(w['step_ms_p50'])} ms, "
+                f"p99 {_fmt(w['step_ms_p99'])} ms (not training steps: no ProfilerStep, step "
+                f"attribute, --step or device work under them)"
+            )
+            out.append(f"     chosen: {_s(w['reason'])}")
+            continue
         ranks = w.get("ranks") or 1
         per = f" ({ranks} ranks x {w['steps'] / ranks:,.4g})" if ranks > 1 else ""
         out.append(
@@ -49,7 +57,8 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
     ev = ", ".join(f"{_s(k)}={_fmt(v)}" for k, v in f["evidence"].items())
     where = f" [{_s(f['step'])}]" if f.get("step") else ""
     if f.get("saving_ms"):
-        stake = f"saves ~{_fmt(f['saving_ms'])} ms/step ({_fmt(f.get('saving_pct'))}%)"
+        per = "/step" if f.get("step") else ""
+        stake = f"saves ~{_fmt(f['saving_ms'])} ms{per} ({_fmt(f.get('saving_pct'))}%)"
     else:
         stake = f"({_pct(f.get('share'))} at stake)"
     culprit = _s(f["culprit"])
@@ -88,6 +97,7 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
     out += _kernel_lines(d.get("kernels") or {})
     out += _launch_lines(d.get("launch") or [], d["metrics"].get("ranks") or [])
     out += _endpoint_lines(d.get("endpoints") or [])
+    out += _breakdown_lines(d.get("time_breakdown") or [])
     if d.get("chips"):
         out += ["", "Chips"]
         for c in d["chips"]:
@@ -100,6 +110,20 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
 
 
 MAX_LINKS = 10
+
+
+def _breakdown_lines(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    out = ["", "Time by process, thread and span (self: less the time of its children)"]
+    out.append(f"  {'process':<22} {'thread':<10} {'span':<44} {'count':>7} {'self ms':>11} share")
+    for r in rows:
+        out.append(
+            f"  {short_name(_s(r['process']), 22):<22} {short_name(_s(r['thread']), 10):<10} "
+            f"{short_name(_s(r['name']), 44):<44} {r['count']:>7,} {_fmt(r['self_ms']):>11} "
+            f"{_pct(r['self_share']):>6}"
+        )
+    return out
 
 
 def _link_lines(links: list[dict[str, Any]]) -> list[str]:
@@ -146,7 +170,8 @@ def _path_lines(d: dict[str, Any]) -> list[str]:
         ):
             parts = "   ".join(f"{short_name(_s(k), 50)} {_pct(v)}" for k, v in cp[key].items())
             out.append(f"  by {label:<10} {parts}")
-    if not cp and m.get("steps") and not m.get("steps_sampled"):
+    training = ((d.get("workloads") or [{}])[0]).get("training", True)
+    if not cp and m.get("steps") and not m.get("steps_sampled") and training:
         out += [
             "",
             "Critical path: not computed (steps too large to walk span by span; "

@@ -31,6 +31,8 @@ class RuleInput:
         chips, links: the chip and link ids this workload owns (None: every one).
         con: the store's connection, for rules that read spans or host samples directly.
         endpoints: the per-endpoint table (`rules_run.endpoints`), where computed.
+        training: whether the trace shows the steps are training steps; step and training
+            rules (step-outliers, straggler, starvation) leave tasks alone.
     """
 
     tables: TraceTables
@@ -43,6 +45,7 @@ class RuleInput:
     con: Any = None
     endpoints: list[dict[str, Any]] | None = None
     memo: dict[str, Any] = field(default_factory=dict)  # figures several rules share
+    training: bool = True  # the steps are training steps (WorkloadTables.training), not tasks
 
     @property
     def step_ns(self) -> float:

@@ -78,6 +78,8 @@ def _stand_out(x: RuleInput, chips: Samples, stat: str, shared: bool) -> list[tu
 
 def straggler(x: RuleInput) -> list[Finding]:
     """A chip whose per-step busy time, start or finish stands out among its peers."""
+    if not x.training:
+        return []  # tasks that are not steps: no step to be late in
     rows = x.tables.step_chips.to_pylist()
     # Steps served by one chip each (requests): their busy time follows the batch each
     # happened to land in, not the chip; only when they start tells chips apart.

@@ -17,6 +17,7 @@ from chiptrace.analysis import rules_device as rd
 from chiptrace.analysis import rules_links as rl
 from chiptrace.analysis import rules_roofline as rr
 from chiptrace.analysis import rules_run as rn
+from chiptrace.analysis.breakdown import time_breakdown
 from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.kernels import kernel_breakdown
 from chiptrace.analysis.launch import launch_queue
@@ -25,7 +26,7 @@ from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.steps import Step, load_steps, pick_steps, step_groups
-from chiptrace.analysis.tables import TraceTables, load_tables
+from chiptrace.analysis.tables import COMPUTE_TYPES, TraceTables, load_tables
 
 Rule = Callable[[RuleInput], list[Finding]]
 
@@ -57,12 +58,13 @@ RULES: dict[str, Rule] = {
     "launch-bound": rd.launch_bound,
     "rank-straggler": rd.rank_straggler,
     "step-outliers": rn.step_outliers,
+    "long-tasks": rn.long_tasks,
     "dropped-spans": rm.dropped_spans,
     "host-contention": rn.host_contention,
     "error-rate": _service,
 }
 #: Rules about the whole run, run once (with the first workload's step for their shares).
-RUN_RULES = ("dropped-spans", "host-contention", "error-rate")
+RUN_RULES = ("dropped-spans", "host-contention", "error-rate", "long-tasks")
 
 # DuckDB's share of the report's memory: past it, aggregates and joins spill to disk; the
 # rest (NumPy chunks of intervals.py, Arrow tables) stays under ~1 GiB on 100M spans.
@@ -175,7 +177,9 @@ class TraceAnalysis:
         budget = SAMPLE_SPANS / max(len(t.workloads), 1)
         for i, w in enumerate(t.workloads):
             tw = t.for_workload(w)
-            steps = self._sample(tw, budget)
+            # Tasks that are not training steps (a browser's, a service's) get no step
+            # analysis: no critical path of a "step", shares of the wall time.
+            steps = self._sample(tw, budget) if w.training else []
             durs = _metrics.step_durations(tw)
             chips = {c for c in all_chips if owner_chip.get(c, 0) == i}
             links = {lk for lk in all_links if owner_link.get(lk, 0) == i}
@@ -184,11 +188,12 @@ class TraceAnalysis:
                     tw,
                     steps,
                     [critical_path(s.spans, s.root_id) for s in steps],
-                    float(_metrics.percentile(durs, 50) or 0.0),
+                    float(_metrics.percentile(durs, 50) or 0.0) if w.training else 0.0,
                     w.name,
                     frozenset(chips),
                     frozenset(links),
                     self.con,
+                    training=w.training,
                 )
             )
         return out or [RuleInput(t.for_workload(None), con=self.con)]
@@ -286,6 +291,7 @@ class TraceAnalysis:
                     "step": w.name,
                     "names": list(w.choice.names[:10]),
                     "reason": w.choice.reason,
+                    "training": w.training,
                     **self.workload_metrics(x),
                     "critical_path": slowest,
                 }
@@ -305,7 +311,18 @@ class TraceAnalysis:
             kernel_breakdown(t),
             # HTA's launch queue needs its device events: none where metrics.ranks has none
             launch_queue(self.con, self.since_ns, self.until_ns) if metrics["ranks"] else [],
+            self.time_breakdown(),
         )
+
+    def time_breakdown(self) -> list[dict[str, Any]]:
+        """Self time by process, thread and span name (analysis/breakdown.py), for a run
+        with no training steps on a GPU/NPU (a browser, a service, PyTorch on the CPU);
+        [] for a GPU training run, whose devices the report breaks down instead."""
+        t = self.tables
+        device = any(ct in COMPUTE_TYPES for ct in t.chips.column("chip_type").to_pylist())
+        if not t.spans or (device and any(w.training for w in t.workloads)):
+            return []
+        return time_breakdown(self.con, t.lo, t.hi)
 
     def _range(self) -> str:
         s = "NULL" if self.since_ns is None else int(self.since_ns)

@@ -68,6 +68,10 @@ class StepChoice:
     spans: int
     reason: str
     glob: str | None = None  # the pattern that named it; its steps are then read from the store
+    # What says these are training steps: "profiler" (ProfilerStep#N), "attribute" (a step
+    # number on the span), "glob" (--step named them); "repeat": only that the name repeats
+    # (a browser's task, a service's handler), which is training only with device work.
+    evidence: str = "repeat"
 
 
 def family(name: str) -> str:
@@ -236,7 +240,9 @@ def guess(
         return []
     if where is not None and any(_PROFILER_STEP.match(n) for f in fams.values() for n in f.names):
         return [
-            StepChoice(c.name, c.names, c.spans, _PROFILER_REASON.format(n=c.spans), c.glob)
+            StepChoice(
+                c.name, c.names, c.spans, _PROFILER_REASON.format(n=c.spans), c.glob, "profiler"
+            )
             for c in choose_glob(con, where, PROFILER_STEPS, max_workloads)
         ]
     depth = _depths(fams)
@@ -273,7 +279,8 @@ def guess(
             reason += f"; its steps link to {', '.join(repr(b) for b in ends)} (their back end)"
         if left:
             reason += f"; not analysed: {', '.join(repr(x.name) for x in left)}"
-        out.append(StepChoice(f.name, tuple(sorted(f.names)), f.spans, reason))
+        evidence = "attribute" if f.attr else "repeat"
+        out.append(StepChoice(f.name, tuple(sorted(f.names)), f.spans, reason, None, evidence))
     return out
 
 
@@ -304,7 +311,7 @@ def choose_glob(con: Any, where: str, pattern: str, max_workloads: int = MAX_WOR
         name = key if len(members) > 1 else next(iter(members))
         spans = sum(members.values())
         reason = f"--step {pattern!r}: {spans} spans"
-        out.append(StepChoice(name, tuple(sorted(members)), spans, reason, pattern))
+        out.append(StepChoice(name, tuple(sorted(members)), spans, reason, pattern, "glob"))
     return out
 
 
