@@ -285,6 +285,8 @@ def starvation(x: RuleInput) -> list[Finding]:
         leaves = [s for s in st.leaves() if s["end_ns"] > s["start_ns"]]
         if not any(s["chip_type"] in COMPUTE_TYPES for s in leaves):
             continue
+        if any('"launch"' in (s["links"] or "") for s in leaves if s["chip_type"] in COMPUTE_TYPES):
+            continue  # launched device work (a profiler trace): host-bound judges its waits
         busy = st.busy(s for s in leaves if _fabric(s))
         idle = iv.subtract([(st.start_ns, st.end_ns)], busy)
         idle_total += iv.length(idle)

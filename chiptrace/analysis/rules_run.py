@@ -14,6 +14,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from chiptrace.analysis import host_side as hs
 from chiptrace.analysis import steps as iv
 from chiptrace.analysis.model import Finding, severity_for
 from chiptrace.analysis.rule_input import RuleInput, ms, robust_z
@@ -80,6 +81,12 @@ def step_outliers(x: RuleInput) -> list[Finding]:
     s = x.tables.steps
     if s.num_rows < MIN_STEPS or not x.training:
         return []
+    # A warm-up step (one-time work: allocation, compilation) is named by warm-up instead.
+    warm = {sh.step.root_id for sh in hs.step_hosts(x) if sh.warm_up}
+    keep = [i for i, sid in enumerate(s["span_id"].to_pylist()) if sid not in warm]
+    s = s.take(keep) if len(keep) < s.num_rows else s
+    if s.num_rows < MIN_STEPS:
+        return []
     durs = [max(e - b, 0) for b, e in zip(s["start_ns"].to_pylist(), s["end_ns"].to_pylist())]
     med = statistics.median(durs)
     if med <= 0:
@@ -139,6 +146,7 @@ SELECT CAST(name AS VARCHAR) AS name, count(*) AS n, max(end_ns - start_ns) AS l
                end_ns - start_ns) AS where_
 FROM spans_raw
 WHERE parent_span_id IS NULL AND link_id IS NULL AND coalesce(kind, 0) IN (0, 1)
+  AND NOT coalesce(contains(attributes, '"kineto.cat"'), false)
   AND end_ns - start_ns >= {limit} AND end_ns >= {lo} AND start_ns < {hi}
 GROUP BY 1 ORDER BY over DESC, name"""
 
@@ -146,7 +154,8 @@ GROUP BY 1 ORDER BY over DESC, name"""
 def long_tasks(x: RuleInput) -> list[Finding]:
     """A trace that shows no training (a browser's, a tool's): its threads' top-level
     tasks that ran 50 ms or more, each blocking its thread that long. Said in the tasks'
-    own words, at low severity: worth a look, not a training bottleneck."""
+    own words, at low severity: worth a look, not a training bottleneck. (A PyTorch
+    profiler trace's roots are ops and the profiler's own range, not tasks.)"""
     t = x.tables
     if x.con is None or any(w.training for w in t.workloads):
         return []

@@ -176,6 +176,28 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
     return out
 
 
+def whole_trace(con: Any, lo: int, hi: int) -> Step:
+    """The whole analysed range as one step (root id ""; its top-level spans are the
+    roots): for a trace of launched device work with no repeating span (an inference
+    call, a benchmark), so the device rules still see it. One query; the caller keeps it
+    to traces small enough to walk."""
+    cols = ", ".join(f"{expr} AS {alias}" for expr, alias in _COLUMNS)
+    rows = con.sql(
+        f"SELECT {cols} FROM spans_raw WHERE end_ns >= {int(lo)} AND start_ns < {int(hi)}"
+    ).fetchall()
+    names = [alias for _, alias in _COLUMNS]
+    spans = []
+    for row in rows:
+        d = dict(zip(names, row, strict=True))
+        d["parent_span_id"] = d["parent_span_id"] or ""
+        if d["chip_id"] is not None and d["chip_type"] is None:
+            d["chip_type"] = type_of_chip(d["chip_id"], None)
+        spans.append(d)
+    start = min((s["start_ns"] for s in spans), default=lo)
+    end = max((s["end_ns"] for s in spans), default=start)
+    return Step("", "", "(whole trace)", int(start), int(max(end, start)), tuple(spans))
+
+
 def _late_device_work(con: Any, rows: list[tuple], cols: str, ids: str, hi: int) -> list[tuple]:
     """Device work a step launched may start after its host span ends (a GPU behind a CPU
     that queued ahead): read it too, but only for traces with launch calls (others never

@@ -14,6 +14,7 @@ from chiptrace.analysis import metrics as _metrics
 from chiptrace.analysis import rules_chips as rc
 from chiptrace.analysis import rules_comm as rm
 from chiptrace.analysis import rules_device as rd
+from chiptrace.analysis import rules_host as rh
 from chiptrace.analysis import rules_links as rl
 from chiptrace.analysis import rules_roofline as rr
 from chiptrace.analysis import rules_run as rn
@@ -25,7 +26,7 @@ from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
 from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
-from chiptrace.analysis.steps import Step, load_steps, pick_steps, step_groups
+from chiptrace.analysis.steps import Step, load_steps, pick_steps, step_groups, whole_trace
 from chiptrace.analysis.tables import COMPUTE_TYPES, TraceTables, load_tables
 
 Rule = Callable[[RuleInput], list[Finding]]
@@ -42,7 +43,7 @@ def _service(x: RuleInput) -> list[Finding]:
 
 
 #: Every rule by id, in the order they run (compute-bound also yields memory-bound,
-#: error-rate also tail-latency findings).
+#: error-rate also tail-latency, host-bound also data-loading findings).
 RULES: dict[str, Rule] = {
     "straggler": rc.straggler,
     "load-imbalance": rc.load_imbalance,
@@ -56,6 +57,8 @@ RULES: dict[str, Rule] = {
     "poor-overlap": rm.poor_overlap,
     "exposed-comm": rd.exposed_comm,
     "launch-bound": rd.launch_bound,
+    "host-bound": rh.host_bound,
+    "warm-up": rh.warm_up,
     "rank-straggler": rd.rank_straggler,
     "step-outliers": rn.step_outliers,
     "long-tasks": rn.long_tasks,
@@ -89,7 +92,7 @@ def run_rules(x: RuleInput, rules: Iterable[str] | None = None) -> list[Finding]
         found += out
     # A GPU idle while its host launches is one finding, not two: launch-bound names the
     # launch queue, starvation only that the host was busy meanwhile.
-    if any(f.rule == "launch-bound" for f in found):
+    if any(f.rule in ("launch-bound", "host-bound", "data-loading") for f in found):
         found = [f for f in found if f.rule != "starvation"]
     # A late rank is one finding: rank-straggler says whom it keeps waiting, and how long.
     late = {f.culprit for f in found if f.rule == "rank-straggler"}
@@ -196,7 +199,17 @@ class TraceAnalysis:
                     training=w.training,
                 )
             )
-        return out or [RuleInput(t.for_workload(None), con=self.con)]
+        return out or [self._whole(t)]
+
+    def _whole(self, t: TraceTables) -> RuleInput:
+        """A run without steps: one input over the whole range; where it holds launched
+        device work (an inference call, a benchmark) and is small enough to walk, that
+        range is its one sampled step, so the device rules (launch-bound...) see it."""
+        tw = t.for_workload(None)
+        launched = any(r["op_kind"] == "launch" for r in t.chip_ops.to_pylist())
+        if not launched or not self.sample_steps or t.spans > SAMPLE_SPANS:
+            return RuleInput(tw, con=self.con)
+        return RuleInput(tw, [whole_trace(self.con, t.lo, t.hi)], con=self.con)
 
     @cached_property
     def endpoints(self) -> list[dict[str, Any]]:

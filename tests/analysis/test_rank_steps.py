@@ -74,7 +74,7 @@ def test_the_rank_whose_host_ends_earliest_is_no_straggler(tmp_path):
     # rank-level rules cover all 8 ranks
     assert by_rule["exposed-comm"]["evidence"]["chips"] == 8
     assert len(by_rule["exposed-comm"]["evidence"]["exposed_ms_by_chip"]) == 8
-    assert by_rule["launch-bound"]["evidence"]["chips"] == 8
+    assert by_rule["host-bound"]["evidence"]["chips"] == 8
     w = rep["workloads"][0]
     assert (w["steps"], w["ranks"]) == (48, 8)
 
