@@ -13,9 +13,12 @@ or one-time calls such as cudaMalloc/cudaFree and compilation (a warm-up: leave 
 from __future__ import annotations
 
 import re
+import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+import pyarrow as pa
 
 from chiptrace.analysis import steps as iv
 from chiptrace.analysis.device_steps import host_wait, step_device
@@ -89,8 +92,24 @@ def _gaps(busy: list[iv.Interval]) -> list[iv.Interval]:
     return [(b, c) for (_a, b), (c, _d) in zip(busy, busy[1:], strict=False) if c > b]
 
 
-def step_host(st: Step) -> StepHost:
-    """The figures of one step (see the module docstring)."""
+def _lead_in(cw: Any, start: int, prev_end: int | None) -> tuple[list[iv.Interval], int]:
+    """The GPU's idle time before its first work in the step (once earlier work it was
+    still running has ended), and the host wait in it: until the first work's launch."""
+    busy = cw.busy()
+    if not busy:
+        return [], 0
+    a = max(start, prev_end or start)
+    first = busy[0][0]
+    if first <= a:
+        return [], 0
+    launches = [ls for s0, _e, _k, _n, ls, _le in cw.ops if s0 == first and ls is not None]
+    wait = min(min(launches), first) - a if launches and min(launches) > a else 0
+    return [(a, first)], wait
+
+
+def step_host(st: Step, prev_end: dict[str, int] | None = None) -> StepHost:
+    """The figures of one step (see the module docstring); `prev_end`: per GPU, the end
+    of earlier work still running at the step's start (its idle time starts after it)."""
     sd = step_device(st)
     calls = iv.union(
         (ca, cb)
@@ -119,9 +138,13 @@ def step_host(st: Step) -> StepHost:
         if not any(o[4] is not None for o in cw.ops):
             continue
         busy = cw.busy()
-        idle = _gaps(busy)
+        lead, lead_wait = _lead_in(cw, st.start_ns, (prev_end or {}).get(chip))
+        idle = lead + _gaps(busy)
         w = ChipWait(busy=iv.length(busy))
         w.idle, w.wait, w.gaps = host_wait(cw)
+        w.idle += iv.length(lead)
+        w.wait += lead_wait
+        w.gaps += 1 if lead_wait else 0
         w.launch = iv.length(iv.intersect(idle, calls))
         w.once = iv.length(iv.intersect(idle, once))
         w.by_name = {n: iv.length(iv.intersect(idle, ivs)) for n, ivs in top.items()}
@@ -130,10 +153,45 @@ def step_host(st: Step) -> StepHost:
     return StepHost(st, sd.duration_ns, chips, iv.length(once), dict(names))
 
 
+_PREV_SQL = """
+SELECT s.i, CAST(d.chip_id AS VARCHAR), max(d.end_ns)
+FROM spans_raw d JOIN {starts} s
+  ON d.start_ns < s.t AND d.end_ns > s.t AND d.start_ns >= s.t - {reach}
+WHERE d.chip_type IN ('gpu', 'npu') AND d.start_ns >= {lo}
+GROUP BY ALL"""
+PREV_REACH_NS = 60_000_000_000  # device work running into a step started at most 60 s before
+
+
+def _prev_ends(x: RuleInput) -> list[dict[str, int]]:
+    """Per sampled step, per GPU/NPU: the end of device work that started before the step
+    and was still running at its start (a GPU behind its host). One query."""
+    out: list[dict[str, int]] = [{} for _ in x.steps]
+    if x.con is None or not x.steps:
+        return out
+    starts = pa.table(
+        {"i": list(range(len(x.steps))), "t": [st.start_ns for st in x.steps]},
+        schema=pa.schema([("i", pa.int64()), ("t", pa.int64())]),
+    )
+    name = f"_ct_starts_{secrets.token_hex(4)}"
+    x.con.register(name, starts)
+    try:
+        lo = min(st.start_ns for st in x.steps) - PREV_REACH_NS
+        q = _PREV_SQL.format(starts=name, reach=PREV_REACH_NS, lo=lo)
+        for i, chip, end in x.con.sql(q).fetchall():
+            out[int(i)][chip] = int(end)
+    finally:
+        x.con.unregister(name)
+    return out
+
+
 def step_hosts(x: RuleInput) -> list[StepHost]:
     """`step_host` of every sampled step, computed once per input."""
     if "step_hosts" not in x.memo:
-        x.memo["step_hosts"] = [step_host(st) for st in x.steps] if x.training else []
+        if x.training and x.steps:
+            prev = _prev_ends(x)
+            x.memo["step_hosts"] = [step_host(st, p) for st, p in zip(x.steps, prev, strict=True)]
+        else:
+            x.memo["step_hosts"] = []
     out: list[StepHost] = x.memo["step_hosts"]
     return out
 

@@ -9,6 +9,7 @@ served it) also gets the chips of those traces: that is where its work ran.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pyarrow as pa
 from chiptrace.analysis import workloads as wl
 from chiptrace.analysis.workloads import StepChoice
 
+_STEP_NAME = re.compile(r"(?i)step|iteration|batch")
 STRAGGLER_STEPS = 128  # steps the per-step, per-chip figures are taken from ...
 SMALL_STEP_SPANS = 100  # ... and from 4x as many when steps are this small (requests: one
 # chip each, so a chip's share of 128 is too few to test; small steps are cheap to read)
@@ -62,9 +64,12 @@ class WorkloadTables:
         """Whether the trace shows these are training (or inference) steps: the profiler's
         step markers, a step attribute, a name given with --step, or device work (GPU/NPU)
         under the repeating span. Otherwise they are tasks (a browser's, a service's), and
-        step and training advice does not apply to them."""
+        step and training advice does not apply to them. (A span that occurs once, a
+        benchmark's one timed call, is no loop, unless its name says it is a step.)"""
         if self.choice.evidence != "repeat":
             return True
+        if self.steps.num_rows < 2 and not _STEP_NAME.search(self.choice.name):
+            return False
         return any(t in ("gpu", "npu") for t in self.step_chips.column("chip_type").to_pylist())
 
 

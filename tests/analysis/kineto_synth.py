@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 T0_US = 1_700_000_000_000_000
-STEP_US = 10_000
+STEP_US = 60_000
 OPS = 20
 COMM_US = 2_000
 NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
@@ -30,6 +30,8 @@ class Job:
     host_op_us: list[int] = field(default_factory=list)  # each CPU op that launches a kernel
     gap_us: list[int] = field(default_factory=list)  # host time between two ops
     kernel_us: list[int] = field(default_factory=list)  # each compute kernel
+    loader_us: int = 0  # a DataLoader fetch at each step's start (the GPU waits for it)
+    first_malloc_us: int = 0  # one cudaMalloc at the first step's start (a warm-up)
 
     def __post_init__(self) -> None:
         n = self.ranks
@@ -77,6 +79,13 @@ def documents(job: Job) -> list[dict]:
             t = T0_US + k * STEP_US + job.skew_us[r]
             step_start = t
             t += 10
+            if k == 0 and job.first_malloc_us:
+                ev.append(_x("cuda_runtime", "cudaMalloc", host, host, t, job.first_malloc_us))
+                t += job.first_malloc_us + 10
+            if job.loader_us:
+                name = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+                ev.append(_x("user_annotation", name, host, host, t, job.loader_us))
+                t += job.loader_us + 10
             for i in range(OPS):
                 op = job.host_op_us[r]
                 ev.append(_x("cpu_op", "aten::mm", host, host, t, op))

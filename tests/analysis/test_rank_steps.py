@@ -100,3 +100,28 @@ def test_a_slow_gpu_is_named_against_its_own_steps(tmp_path):
     rep = TraceAnalysis(out).report().to_dict()
     named = {f["culprit"] for f in rep["findings"] if f["rule"] in ("straggler", "rank-straggler")}
     assert named == {"rank3/gpu:3"}
+
+
+def test_a_dataloader_stall_is_data_loading_and_a_malloc_step_is_warm_up(tmp_path):
+    # one rank; each step fetches its batch (8 ms) before launching; the first step
+    # also allocates (40 ms)
+    job = Job(ranks=1, steps=6, loader_us=8_000, first_malloc_us=40_000)
+    out = _store(tmp_path, job)
+    rep = TraceAnalysis(out).report().to_dict()
+    rules = {f["rule"]: f for f in rep["findings"]}
+    assert "launch-bound" not in rules and "step-outliers" not in rules
+    dl = rules["data-loading"]
+    assert dl["culprit"].startswith("enumerate(DataLoader)")
+    # the GPU's idle time under the fetch, from the spans: 8 ms a steady step
+    ((fetch_ms,),) = (
+        connect(out)
+        .execute(
+            "SELECT median(duration_ns) / 1e6 FROM spans WHERE name LIKE 'enumerate(DataLoader)%'"
+        )
+        .fetchall()
+    )
+    covered = dl["evidence"]["idle_covered_ms_by"][dl["culprit"]]
+    assert abs(covered - fetch_ms) < 0.1
+    warm = rules["warm-up"]
+    assert warm["culprit"] == "ProfilerStep#1" and warm["severity"] == "info"
+    assert warm["evidence"]["one_time_ms_by_call"] == {"cudaMalloc": 40.0}

@@ -146,13 +146,22 @@ def test_exposed_comm_is_comm_with_no_compute_on_its_gpu(name, analysed):
 
 def _raw_host_wait(name):
     """Per (file, device): [(idle, host wait, step window)] per step: gaps between the
-    merged work; host wait from a gap's start until the work ending it was launched."""
+    merged work, and before the first (from the step's start, or the end of earlier work
+    still running then); host wait from a gap's start until the work ending it was
+    launched."""
     rows = defaultdict(list)
     for (i, step, dev), ops in _per_step_chip(name).items():
         if not any(o.launch_start is not None for o in ops):
             continue
         t0, t1 = _window(name, i, step, ops)
         busy = raw.union([(max(o.start, t0), o.end) for o in ops])
+        earlier = [
+            d.end
+            for d in raw.devices(_docs(name)[i])
+            if d.device == dev and d.start < t0 < d.end and d.start >= t0 - 60 * 10**9
+        ]
+        lead = max([t0, *earlier])
+        busy = [(lead, lead), *busy] if busy and busy[0][0] > lead else busy
         idle = wait = 0
         for (_, b), (c, _) in zip(busy, busy[1:], strict=False):
             idle += c - b
