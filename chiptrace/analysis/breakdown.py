@@ -3,7 +3,9 @@ that is not a GPU training run (a browser's, a service's, PyTorch on the CPU), w
 and device rules have nothing to say.
 
 Self time is a span's duration less the time of its children (clipped to it), so nested
-calls are not counted twice and the rows add up to the traced time per thread.
+calls are not counted twice and the rows add up to the traced time per thread. The PyTorch
+profiler's own range (`PyTorch Profiler (0)`, Kineto's `Trace`) is left out: its self time
+is everything the profiler did not record.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ WITH s AS (
            greatest(start_ns, {lo}) AS s, least(end_ns, {hi}) AS e
     FROM spans_raw
     WHERE link_id IS NULL AND coalesce(CAST(chip_type AS VARCHAR), '') NOT IN ('gpu', 'npu')
+      AND NOT coalesce(contains(attributes, '"kineto.cat":"Trace"'), false)
       AND end_ns > start_ns AND end_ns >= {lo} AND start_ns < {hi}),
 kids AS (
     SELECT c.trace_id, c.parent_span_id AS id,

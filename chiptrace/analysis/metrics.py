@@ -78,6 +78,10 @@ def _mfu(x: RuleInput) -> tuple[float | None, float | None]:
     return min(flops / (peak_sum * t.wall_ns / 1e9), 1.0), achieved
 
 
+# The profiler's names for a collective the host runs (gloo on CPU): comm, whatever kind.
+HOST_COLLECTIVE = ("gloo:", "nccl:", "mpi:", "ucc:", "c10d::")
+
+
 def comm_share(paths: list[CriticalPath]) -> float | None:
     """Share of the sampled steps' critical paths spent in communication."""
     if not paths:
@@ -86,7 +90,11 @@ def comm_share(paths: list[CriticalPath]) -> float | None:
     for p in paths:
         if p.duration_ns <= 0:
             continue
-        comm = sum(s.on_path_ns for s in p.segments if s.link_id or s.op_kind == "comm")
+        comm = sum(
+            s.on_path_ns
+            for s in p.segments
+            if s.link_id or s.op_kind == "comm" or (s.name or "").startswith(HOST_COLLECTIVE)
+        )
         shares.append(comm / p.duration_ns)
     return statistics.fmean(shares) if shares else None
 

@@ -170,6 +170,11 @@ def _path_lines(d: dict[str, Any]) -> list[str]:
         ):
             parts = "   ".join(f"{short_name(_s(k), 50)} {_pct(v)}" for k, v in cp[key].items())
             out.append(f"  by {label:<10} {parts}")
+        if "gap" in cp["by_chip_type"]:
+            out.append(
+                "  gap: time on the path that no traced span covers (code the trace does not "
+                "record: untraced Python, waits outside the trace, a GPU idle between kernels)"
+            )
     training = ((d.get("workloads") or [{}])[0]).get("training", True)
     if not cp and m.get("steps") and not m.get("steps_sampled") and training:
         out += [

@@ -7,6 +7,7 @@ import statistics
 from collections import defaultdict
 
 from chiptrace.analysis import steps as iv
+from chiptrace.analysis.metrics import HOST_COLLECTIVE
 from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.tables import COMPUTE_TYPES
@@ -159,6 +160,7 @@ def overlap_figures(x: RuleInput) -> dict[str, float]:
         comm = st.busy(s for s in leaves if _is_comm(s))
         compute = st.busy(s for s in leaves if _is_compute(s))
         if not compute:
+            _host_figures(st, out)
             continue
         exposed = iv.subtract(comm, compute)
         out["comm"] += iv.length(comm)
@@ -172,6 +174,34 @@ def overlap_figures(x: RuleInput) -> dict[str, float]:
                 out["name:" + s["name"]] += iv.length(iv.intersect(span, exposed))
     x.memo["overlap"] = out
     return out
+
+
+def _host_figures(st: iv.Step, out: dict[str, float]) -> None:
+    """A step with no GPU/NPU work (PyTorch on CPU, gloo): its collectives' time on the
+    host (comm spans, or the profiler's `gloo:all_reduce`...) against the step's, as
+    host_comm, host_exposed (not under other host work) and host_step."""
+    comm_spans = [
+        s
+        for s in st.spans
+        if s["span_id"] != st.root_id
+        and (s["op_kind"] == "comm" or (s["name"] or "").startswith(HOST_COLLECTIVE))
+    ]
+    if not comm_spans:
+        return
+    ids = {s["span_id"] for s in comm_spans}
+    comm = st.busy(comm_spans)
+    work = st.busy(
+        s
+        for s in st.leaves()
+        if s["span_id"] not in ids
+        and s["chip_type"] in ("cpu", None)
+        and not s["link_id"]
+        and s["span_id"] != st.root_id
+        and (s["parent_span_id"] not in ids)
+    )
+    out["host_comm"] += iv.length(comm)
+    out["host_exposed"] += iv.length(iv.subtract(comm, work))
+    out["host_step"] += st.duration_ns
 
 
 def poor_overlap(x: RuleInput) -> list[Finding]:

@@ -268,6 +268,8 @@ class TraceAnalysis:
         """Step figures of one workload: steps, p50/p99/mean, comm shares."""
         f = rm.overlap_figures(x)
         share = f["comm"] / f["step"] if f["step"] else None
+        if share is None and f["host_step"]:  # no GPU: the collectives the host ran (gloo)
+            share = f["host_comm"] / f["host_step"]
         return _metrics.step_figures(x, share)
 
     def metrics(self) -> dict[str, Any]:

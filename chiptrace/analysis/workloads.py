@@ -5,9 +5,10 @@ names them (`'ProfilerStep#*'`, `'GET /*'`): any span whose name matches, root o
 (a match nested in another match is part of that step). Without it, the guess reads only
 the spans that have children (one aggregate query; they are few) and prefers, in order:
 
-0. the PyTorch profiler's own step markers, `ProfilerStep#N` (an imported Kineto trace or
-   `chiptrace.torch`), however many and whether or not they have children;
-1. spans with a step attribute (`train.step`, `step`, `iteration`: a number) that repeat;
+0. spans with a step attribute (`train.step`, `step`, `iteration`: a number) that repeat
+   (the program says what a step is: under `chiptrace.torch` its `step` spans hold the ops);
+1. the PyTorch profiler's own step markers, `ProfilerStep#N` (an imported Kineto trace),
+   however many and whether or not they have children;
 2. the outermost spans that repeat: roots when roots repeat (one trace per step, per
    request), else the first level down that does (a loop inside one `train` span);
 3. the most common root with children (a run of one step).
@@ -238,7 +239,11 @@ def guess(
     fams = _families(con, tmp)
     if not fams:
         return []
-    if where is not None and any(_PROFILER_STEP.match(n) for f in fams.values() for n in f.names):
+    # The program's own step spans (a step number on a span that repeats) win over the
+    # profiler's markers: under chiptrace.torch the ops sit under the program's `step`.
+    own = any(f.attr and f.spans >= 2 for f in fams.values())
+    profiler = any(_PROFILER_STEP.match(n) for f in fams.values() for n in f.names)
+    if where is not None and profiler and not own:
         return [
             StepChoice(
                 c.name, c.names, c.spans, _PROFILER_REASON.format(n=c.spans), c.glob, "profiler"
@@ -256,7 +261,12 @@ def guess(
         # tagged `train_step`), unless they only contain the tagged steps (an `epoch`).
         above = _ancestors(fams, picked)
         picked += [
-            f for f in repeating if depth[f.name] == 0 and f not in picked and f.name not in above
+            f
+            for f in repeating
+            if depth[f.name] == 0
+            and f not in picked
+            and f.name not in above
+            and not any(_PROFILER_STEP.match(n) for n in f.names)  # the profiler's markers
         ]
         why = "repeats with a step attribute, or is a root that repeats"
     elif repeating:
