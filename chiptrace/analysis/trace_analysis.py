@@ -16,6 +16,7 @@ from chiptrace.analysis import rules_comm as rm
 from chiptrace.analysis import rules_device as rd
 from chiptrace.analysis import rules_host as rh
 from chiptrace.analysis import rules_links as rl
+from chiptrace.analysis import rules_queue as rq
 from chiptrace.analysis import rules_roofline as rr
 from chiptrace.analysis import rules_run as rn
 from chiptrace.analysis.breakdown import time_breakdown
@@ -23,6 +24,7 @@ from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.kernels import kernel_breakdown
 from chiptrace.analysis.launch import launch_queue
 from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
+from chiptrace.analysis.ranking import replay_savings
 from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
@@ -62,6 +64,7 @@ RULES: dict[str, Rule] = {
     "rank-straggler": rd.rank_straggler,
     "step-outliers": rn.step_outliers,
     "long-tasks": rn.long_tasks,
+    "queue-overload": rq.queue_overload,
     "dropped-spans": rm.dropped_spans,
     "host-contention": rn.host_contention,
     "error-rate": _service,
@@ -97,6 +100,9 @@ def run_rules(x: RuleInput, rules: Iterable[str] | None = None) -> list[Finding]
     # A late rank is one finding: rank-straggler says whom it keeps waiting, and how long.
     late = {f.culprit for f in found if f.rule == "rank-straggler"}
     found = [f for f in found if not (f.rule == "straggler" and f.culprit in late)]
+    # A serving queue that grows is the cause of its slow requests: one finding.
+    if any(f.rule == "queue-overload" for f in found):
+        found = [f for f in found if f.rule != "step-outliers"]
     return sort_findings(found)
 
 
@@ -256,7 +262,9 @@ class TraceAnalysis:
         per_workload = [n for n in names if n not in RUN_RULES]
         out: list[Finding] = []
         for x in self.inputs:
-            out += run_rules(x, per_workload)
+            # Each finding priced by replaying the steps with its culprit fixed (ranking.py).
+            # A chosen subset of rules gets no sweep (sweep.py): only what was asked for.
+            out += replay_savings(x, run_rules(x, per_workload), sweep=rules is None)
         first = self.inputs[0]
         first.endpoints = self.endpoints
         for n in names:
