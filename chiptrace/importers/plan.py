@@ -73,6 +73,7 @@ class FileFacts:
     tally: dict[str, Any] = field(default_factory=dict)
     spans: int = 0
     events: int = 0
+    warnings: list[str] = field(default_factory=list)  # loaded in part (a file cut short)
 
 
 def concat(blocks: list[Block], name: str) -> np.ndarray:
