@@ -78,6 +78,10 @@ def _mfu(x: RuleInput) -> tuple[float | None, float | None]:
     return min(flops / (peak_sum * t.wall_ns / 1e9), 1.0), achieved
 
 
+# The profiler's names for a collective the host runs (gloo on CPU): comm, whatever kind.
+HOST_COLLECTIVE = ("gloo:", "nccl:", "mpi:", "ucc:", "c10d::")
+
+
 def comm_share(paths: list[CriticalPath]) -> float | None:
     """Share of the sampled steps' critical paths spent in communication."""
     if not paths:
@@ -86,17 +90,26 @@ def comm_share(paths: list[CriticalPath]) -> float | None:
     for p in paths:
         if p.duration_ns <= 0:
             continue
-        comm = sum(s.on_path_ns for s in p.segments if s.link_id or s.op_kind == "comm")
+        comm = sum(
+            s.on_path_ns
+            for s in p.segments
+            if s.link_id or s.op_kind == "comm" or (s.name or "").startswith(HOST_COLLECTIVE)
+        )
         shares.append(comm / p.duration_ns)
     return statistics.fmean(shares) if shares else None
 
 
 def step_figures(x: RuleInput, exposed_comm_share: float | None = None) -> dict[str, Any]:
-    """One workload's step figures: steps, step_ms_p50/p99/mean, comm shares, sampled."""
+    """One workload's step figures: steps (every rank's copy of a step counts), ranks,
+    step_ms_p50/p99/mean, comm shares, sampled."""
     durs = step_durations(x.tables)
     p50, p99 = percentile(durs, 50), percentile(durs, 99)
+    procs = (
+        x.tables.steps.column("proc").to_pylist() if "proc" in x.tables.steps.column_names else []
+    )
     return {
         "steps": len(durs),
+        "ranks": max(len(set(procs)), 1),  # processes (ranks) whose steps these are
         "step_ms_p50": _round(p50 / 1e6 if p50 is not None else None),
         "step_ms_p99": _round(p99 / 1e6 if p99 is not None else None),
         "step_ms_mean": _round(statistics.fmean(durs) / 1e6 if durs else None),

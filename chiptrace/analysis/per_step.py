@@ -9,6 +9,7 @@ served it) also gets the chips of those traces: that is where its work ran.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pyarrow as pa
 from chiptrace.analysis import workloads as wl
 from chiptrace.analysis.workloads import StepChoice
 
+_STEP_NAME = re.compile(r"(?i)step|iteration|batch")
 STRAGGLER_STEPS = 128  # steps the per-step, per-chip figures are taken from ...
 SMALL_STEP_SPANS = 100  # ... and from 4x as many when steps are this small (requests: one
 # chip each, so a chip's share of 128 is too few to test; small steps are cheap to read)
@@ -31,6 +33,7 @@ _STEP_CHIP_COLUMNS = {
     "first_ns": pa.int64(),
     "last_ns": pa.int64(),
     "op_ns": pa.int64(),
+    "comm_ns": pa.int64(),  # of op_ns, in comm ops on the chip (collective kernels: waiting)
 }
 
 
@@ -42,7 +45,7 @@ class WorkloadTables:
         choice: the step name, the span names it covers, and why it was chosen.
         steps: trace_id, span_id (hex), name, start_ns, end_ns, links (OTel links JSON).
         step_chips: step_id (the step's span id), chip_id, chip_type, first_ns, last_ns,
-            op_ns, over up to STRAGGLER_STEPS steps spread over the run.
+            op_ns, comm_ns, over up to STRAGGLER_STEPS steps spread over the run.
         chips, links: the chip and link ids with work in those steps.
     """
 
@@ -55,6 +58,19 @@ class WorkloadTables:
     @property
     def name(self) -> str:
         return self.choice.name
+
+    @property
+    def training(self) -> bool:
+        """Whether the trace shows these are training (or inference) steps: the profiler's
+        step markers, a step attribute, a name given with --step, or device work (GPU/NPU)
+        under the repeating span. Otherwise they are tasks (a browser's, a service's), and
+        step and training advice does not apply to them. (A span that occurs once, a
+        benchmark's one timed call, is no loop, unless its name says it is a step.)"""
+        if self.choice.evidence != "repeat":
+            return True
+        if self.steps.num_rows < 2 and not _STEP_NAME.search(self.choice.name):
+            return False
+        return any(t in ("gpu", "npu") for t in self.step_chips.column("chip_type").to_pylist())
 
 
 def empty_step_chips() -> pa.Table:
@@ -97,16 +113,17 @@ def _sample(steps: pa.Table, max_steps: int) -> list[dict[str, Any]]:
 
 def _step_traces(steps: pa.Table, sel: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
     """The traces whose chip work belongs to the sampled steps: (trace_id, step_id) for a
-    step alone in its trace and for the traces its root links to; (trace_id, step_id, s,
-    e) for steps that share a trace, whose work is theirs by time window."""
+    step alone in its trace and for the traces its root links to; (trace_id, proc, sid,
+    step_id, s, e) for steps that share a trace (a loop inside one span; the same
+    `ProfilerStep#N` of every rank), whose work is theirs by parent, process and time."""
     per_trace = Counter(steps.column("trace_id").to_pylist())
     eq: list[tuple[str, str]] = []
-    win: list[tuple[str, str, int, int]] = []
+    win: list[dict[str, Any]] = []
     for r in sel:
         if per_trace[r["trace_id"]] == 1:
             eq.append((r["trace_id"], r["span_id"]))
         else:
-            win.append((r["trace_id"], r["span_id"], r["start_ns"], r["end_ns"]))
+            win.append(r)
         eq += [(t, r["span_id"]) for t in linked_traces(r.get("links")) if t != r["trace_id"]]
     eq = list(dict.fromkeys(eq))
     eq_t = pa.table(
@@ -117,13 +134,34 @@ def _step_traces(steps: pa.Table, sel: list[dict[str, Any]]) -> tuple[pa.Table, 
     )
     win_t = pa.table(
         {
-            "trace_id": _blob([w[0] for w in win]),
-            "step_id": pa.array([w[1] for w in win], pa.string()),
-            "s": pa.array([w[2] for w in win], pa.int64()),
-            "e": pa.array([w[3] for w in win], pa.int64()),
+            "trace_id": _blob([w["trace_id"] for w in win]),
+            "proc": pa.array([w.get("proc") or "" for w in win], pa.string()),
+            "sid": pa.array([bytes.fromhex(w["span_id"]) for w in win], pa.binary()),
+            "step_id": pa.array([w["span_id"] for w in win], pa.string()),
+            "s": pa.array([w["start_ns"] for w in win], pa.int64()),
+            "e": pa.array([w["end_ns"] for w in win], pa.int64()),
         }
     )
     return eq_t, win_t
+
+
+# Work of a step that shares its trace: a direct child of the step is its own (a kernel
+# the step launched, however late the GPU ran it); other work is the step's of its own
+# process (rank) that started last before it, and inside it; work of a process with no
+# step in the trace (a worker the step called) goes by time alone.
+_SHARED_SQL = """
+    SELECT w.step_id, leaf.* FROM leaf JOIN {w} w
+        ON w.sid = leaf.parent_span_id AND w.trace_id = leaf.trace_id
+    UNION ALL
+    SELECT w.step_id, o.* FROM (leaf ANTI JOIN {w} k
+            ON k.sid = leaf.parent_span_id AND k.trace_id = leaf.trace_id) o
+        ASOF JOIN {w} w ON o.trace_id = w.trace_id AND o.proc = w.proc AND o.start_ns >= w.s
+    WHERE o.start_ns < w.e
+    UNION ALL
+    SELECT w.step_id, o.* FROM (leaf ANTI JOIN (SELECT DISTINCT trace_id, proc FROM {w}) k
+            ON k.trace_id = leaf.trace_id AND k.proc = leaf.proc) o
+        ASOF JOIN {w} w ON o.trace_id = w.trace_id AND o.start_ns >= w.s
+    WHERE o.start_ns < w.e"""
 
 
 def step_chips(
@@ -146,29 +184,32 @@ def step_chips(
     eq_t, win_t = _step_traces(steps, sel)
     traces = sorted({t.hex() for t in eq_t["trace_id"].to_pylist() + win_t["trace_id"].to_pylist()})
     in_list = ", ".join(f"unhex('{t}')" for t in traces)
+    proc = wl.proc_sql() if win_t.num_rows else "''"
     base = f"""
         sp AS MATERIALIZED (
             SELECT trace_id, span_id, parent_span_id, CAST(chip_id AS VARCHAR) AS chip_id,
-                   CAST(chip_type AS VARCHAR) AS chip_type, op_kind,
+                   CAST(chip_type AS VARCHAR) AS chip_type, op_kind, {proc} AS proc,
                    greatest(start_ns, {lo}) AS start_ns, least(end_ns, {hi}) AS end_ns
             FROM spans_raw WHERE trace_id IN ({in_list}) AND chip_id IS NOT NULL AND {where}),
         p AS (SELECT DISTINCT parent_span_id AS id FROM sp),
         leaf AS (SELECT sp.* FROM sp ANTI JOIN p ON p.id = sp.span_id
                  WHERE op_kind IS DISTINCT FROM 'idle' AND end_ns > start_ns)"""
     agg = """any_value(chip_type) AS chip_type, min(start_ns) AS first_ns,
-             max(end_ns) AS last_ns, CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns"""
+             max(end_ns) AS last_ns, CAST(sum(end_ns - start_ns) AS BIGINT) AS op_ns,
+             CAST(coalesce(sum(end_ns - start_ns) FILTER (WHERE op_kind = 'comm'), 0)
+                  AS BIGINT) AS comm_ns"""
     with _register(con, eq_t) as e_name, _register(con, win_t) as w_name:
         table = wl.arrow(
             con,
             f"""
             WITH {base},
-            per AS (SELECT trace_id, chip_id, {agg} FROM leaf GROUP BY trace_id, chip_id)
-            SELECT e.step_id, per.chip_id, per.chip_type, per.first_ns, per.last_ns, per.op_ns
+            per AS (SELECT trace_id, chip_id, {agg} FROM leaf GROUP BY trace_id, chip_id),
+            shared AS ({_SHARED_SQL.format(w=w_name)})
+            SELECT e.step_id, per.chip_id, per.chip_type, per.first_ns, per.last_ns, per.op_ns,
+                   per.comm_ns
             FROM per JOIN {e_name} e ON e.trace_id = per.trace_id
             UNION ALL
-            SELECT w.step_id, leaf.chip_id, {agg}
-            FROM leaf ASOF JOIN {w_name} w ON leaf.trace_id = w.trace_id AND leaf.start_ns >= w.s
-            WHERE leaf.start_ns < w.e GROUP BY w.step_id, leaf.chip_id""",
+            SELECT step_id, chip_id, {agg} FROM shared GROUP BY step_id, chip_id""",
         )
     used: frozenset[str] = frozenset()
     if links:  # a streamed DISTINCT: one pass over the steps' traces, a row per link

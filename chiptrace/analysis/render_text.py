@@ -34,8 +34,18 @@ def _s(v: Any) -> str:
 def _steps_lines(d: dict[str, Any]) -> list[str]:
     out = []
     for w in d.get("workloads") or []:
+        if w.get("training") is False:
+            out.append(
+                f"  tasks {_s(w['step'])!r}: {w['steps']:,}, p50 {_fmt(w['step_ms_p50'])} ms, "
+                f"p99 {_fmt(w['step_ms_p99'])} ms (not training steps: no ProfilerStep, step "
+                f"attribute, --step or device work under them)"
+            )
+            out.append(f"     chosen: {_s(w['reason'])}")
+            continue
+        ranks = w.get("ranks") or 1
+        per = f" ({ranks} ranks x {w['steps'] / ranks:,.4g})" if ranks > 1 else ""
         out.append(
-            f"  step {_s(w['step'])!r}: {w['steps']:,} step{'' if w['steps'] == 1 else 's'}, "
+            f"  step {_s(w['step'])!r}: {w['steps']:,} step{'' if w['steps'] == 1 else 's'}{per}, "
             f"p50 {_fmt(w['step_ms_p50'])} ms, p99 {_fmt(w['step_ms_p99'])} ms, "
             f"comm share {_pct(w.get('comm_share'))}"
         )
@@ -47,7 +57,8 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
     ev = ", ".join(f"{_s(k)}={_fmt(v)}" for k, v in f["evidence"].items())
     where = f" [{_s(f['step'])}]" if f.get("step") else ""
     if f.get("saving_ms"):
-        stake = f"saves ~{_fmt(f['saving_ms'])} ms/step ({_fmt(f.get('saving_pct'))}%)"
+        per = "/step" if f.get("step") else ""
+        stake = f"saves ~{_fmt(f['saving_ms'])} ms{per} ({_fmt(f.get('saving_pct'))}%)"
     else:
         stake = f"({_pct(f.get('share'))} at stake)"
     culprit = _s(f["culprit"])
@@ -86,6 +97,7 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
     out += _kernel_lines(d.get("kernels") or {})
     out += _launch_lines(d.get("launch") or [], d["metrics"].get("ranks") or [])
     out += _endpoint_lines(d.get("endpoints") or [])
+    out += _breakdown_lines(d.get("time_breakdown") or [])
     if d.get("chips"):
         out += ["", "Chips"]
         for c in d["chips"]:
@@ -93,7 +105,49 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
                 f"  {_s(c['chip_id']):<14} {_s(c['chip_type']):<7} util "
                 f"{_pct(c['utilization']):>7}   ops {c['ops']:,}"
             )
+    out += _link_lines(d.get("links") or [])
     return "\n".join(out) + "\n"
+
+
+MAX_LINKS = 10
+
+
+def _breakdown_lines(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    out = ["", "Time by process, thread and span (self: less the time of its children)"]
+    out.append(f"  {'process':<22} {'thread':<10} {'span':<44} {'count':>7} {'self ms':>11} share")
+    for r in rows:
+        out.append(
+            f"  {short_name(_s(r['process']), 22):<22} {short_name(_s(r['thread']), 10):<10} "
+            f"{short_name(_s(r['name']), 44):<44} {r['count']:>7,} {_fmt(r['self_ms']):>11} "
+            f"{_pct(r['self_share']):>6}"
+        )
+    return out
+
+
+def _link_lines(links: list[dict[str, Any]]) -> list[str]:
+    """The busiest link directions: the rate achieved while busy, against the link's
+    bandwidth where the topology gives it (else said to be unknown, never guessed)."""
+    if not links:
+        return []
+    rows = sorted(links, key=lambda r: (-(r.get("busy_share") or 0), _s(r["link_id"])))
+    out = ["", "Links (busiest directions; rate while busy)"]
+    for r in rows[:MAX_LINKS]:
+        bw = r.get("bandwidth_GBps")
+        peak = (
+            f"of {bw:g} GB/s ({_pct(r.get('bandwidth_fraction_while_busy'))})"
+            if bw
+            else "peak unknown (no topology gives its bandwidth)"
+        )
+        out.append(
+            f"  {_s(r['link_id'])} {_s(r['src'])}->{_s(r['dst'])}   {r['transfers']:,} transfers"
+            f"   {(r['bytes'] or 0) / 1e6:,.1f} MB   busy {_pct(r.get('busy_share'))}"
+            f"   {_fmt(r.get('GBps_while_busy'))} GB/s {peak}"
+        )
+    if len(rows) > MAX_LINKS:
+        out.append(f"  ... {len(rows) - MAX_LINKS} more (--json shows all)")
+    return out
 
 
 def _path_lines(d: dict[str, Any]) -> list[str]:
@@ -116,7 +170,13 @@ def _path_lines(d: dict[str, Any]) -> list[str]:
         ):
             parts = "   ".join(f"{short_name(_s(k), 50)} {_pct(v)}" for k, v in cp[key].items())
             out.append(f"  by {label:<10} {parts}")
-    if not cp and m.get("steps") and not m.get("steps_sampled"):
+        if "gap" in cp["by_chip_type"]:
+            out.append(
+                "  gap: time on the path that no traced span covers (code the trace does not "
+                "record: untraced Python, waits outside the trace, a GPU idle between kernels)"
+            )
+    training = ((d.get("workloads") or [{}])[0]).get("training", True)
+    if not cp and m.get("steps") and not m.get("steps_sampled") and training:
         out += [
             "",
             "Critical path: not computed (steps too large to walk span by span; "

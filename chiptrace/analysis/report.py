@@ -27,11 +27,13 @@ class Report:
     endpoints: list[dict[str, Any]] = field(default_factory=list)
     kernels: dict[str, Any] = field(default_factory=dict)
     launch: list[dict[str, Any]] = field(default_factory=list)
+    breakdown: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Stable keys: version, sources, metrics, findings (one ranked list over every
         workload), critical_path (slowest step of the first workload), critical_path_median,
-        workloads, endpoints, kernels, launch, utilization, chips, links (docs/sql.md)."""
+        workloads, endpoints, kernels, launch, utilization, chips, links, time_breakdown
+        (docs/sql.md)."""
         return {
             "version": REPORT_VERSION,
             "sources": self.sources,
@@ -46,6 +48,7 @@ class Report:
             "utilization": self.utilization,
             "chips": self.chips,
             "links": self.links,
+            "time_breakdown": self.breakdown,
         }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from chiptrace.analysis.model import CriticalPath, Finding, severity_for
-from chiptrace.analysis.steps import Step
+from chiptrace.analysis.steps import Step, step_groups
 from chiptrace.analysis.tables import TraceTables
 
 
@@ -31,6 +31,8 @@ class RuleInput:
         chips, links: the chip and link ids this workload owns (None: every one).
         con: the store's connection, for rules that read spans or host samples directly.
         endpoints: the per-endpoint table (`rules_run.endpoints`), where computed.
+        training: whether the trace shows the steps are training steps; step and training
+            rules (step-outliers, straggler, starvation) leave tasks alone.
     """
 
     tables: TraceTables
@@ -43,6 +45,7 @@ class RuleInput:
     con: Any = None
     endpoints: list[dict[str, Any]] | None = None
     memo: dict[str, Any] = field(default_factory=dict)  # figures several rules share
+    training: bool = True  # the steps are training steps (WorkloadTables.training), not tasks
 
     @property
     def step_ns(self) -> float:
@@ -51,8 +54,13 @@ class RuleInput:
 
     @property
     def n_steps(self) -> int:
-        """Steps in the workload (at least 1: a run without steps is one long step)."""
-        return max(self.tables.steps.num_rows, 1) if self.step_p50_ns else 1
+        """Steps in the workload, each rank's copy of a step counted once (at least 1: a
+        run without steps is one long step): a chip's run total over this is per step."""
+        if not self.step_p50_ns:
+            return 1
+        if "n_steps" not in self.memo:
+            self.memo["n_steps"] = max(len(step_groups(self.tables.steps)), 1)
+        return int(self.memo["n_steps"])
 
     def chip_rows(self) -> list[dict[str, Any]]:
         """Rows of `tables.chips` for the chips this workload owns."""

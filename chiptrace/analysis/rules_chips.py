@@ -36,7 +36,10 @@ Samples = dict[str, dict[str, list[float]]]  # chip -> statistic -> one value pe
 
 
 def _samples(x: RuleInput) -> dict[tuple, Samples]:
-    """Per peer group and chip: busy time, first-op and last-op offset of every step."""
+    """Per peer group and chip: busy time, first-op and last-op offset of every step, each
+    against the start of the chip's own step (its rank's: steps are per process). Busy
+    time leaves out comm ops on the chip: a collective kernel runs until the last rank
+    arrives, so the earliest rank's is longest, and that is waiting, not work."""
     t = x.tables
     starts = dict(zip(t.steps["span_id"].to_pylist(), t.steps["start_ns"].to_pylist()))
     out: dict[tuple, Samples] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
@@ -45,7 +48,7 @@ def _samples(x: RuleInput) -> dict[tuple, Samples]:
         if s0 is None:
             continue
         d = out[peer_group(x, r["chip_id"], r["chip_type"])][r["chip_id"]]
-        d["busy per step"].append(r["op_ns"])
+        d["busy per step"].append(r["op_ns"] - (r.get("comm_ns") or 0))
         d["start offset"].append(r["first_ns"] - s0)
         d["finish offset"].append(r["last_ns"] - s0)
     return out
@@ -75,6 +78,8 @@ def _stand_out(x: RuleInput, chips: Samples, stat: str, shared: bool) -> list[tu
 
 def straggler(x: RuleInput) -> list[Finding]:
     """A chip whose per-step busy time, start or finish stands out among its peers."""
+    if not x.training:
+        return []  # tasks that are not steps: no step to be late in
     rows = x.tables.step_chips.to_pylist()
     # Steps served by one chip each (requests): their busy time follows the batch each
     # happened to land in, not the chip; only when they start tells chips apart.
@@ -89,7 +94,8 @@ def straggler(x: RuleInput) -> list[Finding]:
             continue
         excess, chip, val, peer, z, stat = max(found, key=lambda f: (f[0], f[1]))
         used = len(chips[chip][stat])
-        served = used / max(len({r["step_id"] for r in rows}), 1)  # the steps that wait for it
+        # the share of the steps that wait for it (a step: every rank's copy of it)
+        served = used / max(len({_global_step(x, r["step_id"]) for r in rows}), 1)
         out.append(
             x.finding(
                 "straggler",
@@ -139,15 +145,66 @@ def _consistency(x: RuleInput, top: str, peers: list[str]) -> tuple[int, int]:
     return wins, losses
 
 
+def _comm_ns(x: RuleInput) -> dict[str, tuple[int, int]]:
+    """Per chip with comm ops on it (collective kernels, SendRecv): (comm op ns, other op
+    ns), summed. A collective's kernel runs while its rank waits for the others: time
+    that moves with the others' lateness, not with this chip's share of the work."""
+    comm: dict[str, int] = defaultdict(int)
+    other: dict[str, int] = defaultdict(int)
+    for r in x.chip_op_rows():
+        if r["op_kind"] == "comm":
+            comm[r["chip_id"]] += r["op_ns"] or 0
+        else:
+            other[r["chip_id"]] += r["op_ns"] or 0
+    return {c: (v, other[c]) for c, v in comm.items() if v}
+
+
+def _work_ns(row: dict, waiting: tuple[int, int] | None) -> int:
+    """A chip's busy time that is work: without its comm ops, at most the summed time of
+    its other ops (which may overlap each other: at most its busy time)."""
+    if waiting is None:
+        return int(row["busy_ns"])
+    return int(min(row["busy_ns"], waiting[1]))
+
+
+def _step_consistency(x: RuleInput, top: str, peers: list[str]) -> tuple[int, int]:
+    """Steps where `top` did more / less work (op time without comm) than its peers' mean."""
+    per: dict[int, dict[str, int]] = defaultdict(dict)
+    group = {top, *peers}
+    for r in x.tables.step_chips.to_pylist():
+        if r["chip_id"] in group:
+            per[_global_step(x, r["step_id"])][r["chip_id"]] = r["op_ns"] - (r["comm_ns"] or 0)
+    wins = losses = 0
+    for b in per.values():
+        if top not in b or not any(p in b for p in peers):
+            continue
+        others = statistics.fmean(b[p] for p in peers if p in b)
+        if abs(b[top] - others) <= 0.01 * x.step_ns:
+            continue
+        wins, losses = (wins + 1, losses) if b[top] > others else (wins, losses + 1)
+    return wins, losses
+
+
+def _global_step(x: RuleInput, step_id: str) -> int:
+    """The index of the step group (every rank's copy of one step) a step belongs to."""
+    if "group_of" not in x.memo:
+        ids = x.tables.steps.column("span_id").to_pylist()
+        x.memo["group_of"] = {
+            ids[i]: k for k, g in enumerate(iv.step_groups(x.tables.steps)) for i in g
+        }
+    return int(x.memo["group_of"].get(step_id, -1))
+
+
 def load_imbalance(x: RuleInput, skip: frozenset[str] | set[str] = frozenset()) -> list[Finding]:
     """Busy time spread unevenly over chips of one model doing the same work (not a single
     straggler, which `straggler` names)."""
     t = x.tables
     work = _work(x)
+    waiting = _comm_ns(x)
     groups: dict[tuple, dict[str, int]] = defaultdict(dict)
     for r in x.chip_rows():
         key = (*peer_group(x, r["chip_id"], r["chip_type"]), work.get(r["chip_id"]))
-        groups[key][r["chip_id"]] = r["busy_ns"]
+        groups[key][r["chip_id"]] = _work_ns(r, waiting.get(r["chip_id"]))
     out = []
     for (ctype, model, kind), chips in groups.items():
         if len(chips) < 2:
@@ -157,7 +214,11 @@ def load_imbalance(x: RuleInput, skip: frozenset[str] | set[str] = frozenset()) 
         low = min(chips, key=lambda c: (chips[c], c))
         if mean <= 0 or top in skip or chips[top] / mean - 1 < IMBALANCE:
             continue
-        wins, losses = _consistency(x, top, [c for c in chips if c != top])
+        peers = [c for c in chips if c != top]
+        if waiting:  # the windows' busy time counts the waiting too: steps tell instead
+            wins, losses = _step_consistency(x, top, peers)
+        else:
+            wins, losses = _consistency(x, top, peers)
         if wins + losses < MIN_WINDOWS or wins < CONSISTENT * (wins + losses):
             continue
         imb = chips[top] / mean - 1
@@ -224,6 +285,8 @@ def starvation(x: RuleInput) -> list[Finding]:
         leaves = [s for s in st.leaves() if s["end_ns"] > s["start_ns"]]
         if not any(s["chip_type"] in COMPUTE_TYPES for s in leaves):
             continue
+        if any('"launch"' in (s["links"] or "") for s in leaves if s["chip_type"] in COMPUTE_TYPES):
+            continue  # launched device work (a profiler trace): host-bound judges its waits
         busy = st.busy(s for s in leaves if _fabric(s))
         idle = iv.subtract([(st.start_ns, st.end_ns)], busy)
         idle_total += iv.length(idle)

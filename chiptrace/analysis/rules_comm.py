@@ -7,6 +7,7 @@ import statistics
 from collections import defaultdict
 
 from chiptrace.analysis import steps as iv
+from chiptrace.analysis.metrics import HOST_COLLECTIVE
 from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.tables import COMPUTE_TYPES
@@ -22,43 +23,98 @@ def _chip_type(chip: str | None) -> str:
     return (chip or "").rsplit("/", 1)[-1].split(":")[0]
 
 
-def latency_bound(x: RuleInput) -> list[Finding]:
-    """Many small transfers whose time is mostly link latency, not bytes."""
+def _small_below(x: RuleInput, link_id: str) -> tuple[float, float | None, float | None]:
+    """(bytes under which a transfer on this link is mostly latency, the link's latency in
+    ns, its bandwidth in bytes/s): where the topology gives both, the size whose wire time
+    equals the latency (latency x bandwidth); else SMALL_MESSAGE, the rest unknown."""
     t = x.tables
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for r in x.link_rows():
-        groups[(r["link_type"], r["name"])].append(r)
-    out = []
-    for (ltype, name), rows in groups.items():
-        n = sum(r["transfers"] for r in rows)
-        med_bytes = statistics.median(r["median_bytes"] or 0 for r in rows)
-        med_ns = statistics.median(r["median_ns"] or 0 for r in rows)
-        specs = [t.topology.link(r["link_id"]) for r in rows]
-        lat = [lk.latency_ns for lk in specs if lk and lk.latency_ns]
-        bws = [bw for r in rows if (bw := t.topology.bandwidth(r["link_id"]))]
-        if lat and bws:
-            wire = statistics.median(lat) + med_bytes / statistics.median(bws) * 1e9
-            frac = statistics.median(lat) / wire if wire else 0.0
-        else:
-            frac = 1.0 if med_bytes and med_bytes < SMALL_MESSAGE else 0.0
-        if n < MANY or frac < LATENCY_DOMINATES:
+    spec = t.topology.link(link_id)
+    bw = t.topology.bandwidth(link_id)
+    if spec is not None and spec.latency_ns and bw:
+        return spec.latency_ns * bw / 1e9, float(spec.latency_ns), bw
+    return float(SMALL_MESSAGE), None, None
+
+
+def _latency(r: dict, lat: float | None, bw: float | None) -> float:
+    """A size class's fixed cost per transfer: its shortest transfer less the wire time of
+    the class's smallest size (a transfer over a route pays every hop's latency, so this is
+    at least the link's own), else the shortest transfer (a floor)."""
+    if lat is None or bw is None:
+        return float(r["min_ns"])
+    return max(lat, r["min_ns"] - 2.0 ** r["size_class"] / bw * 1e9)
+
+
+def _small_transfers(x: RuleInput) -> dict[tuple[str, str], dict[str, float]]:
+    """Per (link type, name) of this workload's links: all transfers and the small ones,
+    each classified by its own size class against its link (`_small_below`); their time;
+    and `lost`, what one batched transfer per link direction would save: the latency of
+    each small transfer (`_latency`), at most the time they took."""
+    names = {r["link_id"]: (r["link_type"], r["name"]) for r in x.link_rows()}
+    per: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    dirs: dict[tuple[str, str], dict[tuple, list[float]]] = defaultdict(dict)
+    sizes = x.tables.link_sizes
+    for r in sizes.to_pylist() if sizes.num_rows else []:
+        if r["link_id"] not in names:
             continue
-        xfer = sum(r["xfer_ns"] for r in rows) / max(len(rows), 1)
+        key = names[r["link_id"]]
+        g = per[key]
+        below, lat, bw = _small_below(x, r["link_id"])
+        g["transfers"] += r["transfers"]
+        g["ns"] += r["span_ns"]
+        if r["size_class"] < 0 or 2.0 ** (r["size_class"] + 1) > below:
+            continue
+        g["small"] += r["transfers"]
+        g["small_ns"] += r["span_ns"]
+        g["small_bytes"] += r["bytes"]
+        g["below"], g["topology"] = below, float(lat is not None)
+        # per direction: [small transfers, their time, fixed cost per transfer]
+        d = dirs[key].setdefault((r["link_id"], r["link_src"], r["link_dst"]), [0, 0, 1e30])
+        d[0] += r["transfers"]
+        d[1] += r["span_ns"]
+        d[2] = min(d[2], _latency(r, lat, bw))
+    for key, ds in dirs.items():
+        per[key]["lost"] = sum(min(n * lat, t) for n, t, lat in ds.values())
+        per[key]["latency_ns"] = statistics.median(lat for _, _, lat in ds.values())
+        per[key]["dirs"] = len(ds)
+    return per
+
+
+def latency_bound(x: RuleInput) -> list[Finding]:
+    """Many small transfers whose time is mostly link latency, not bytes. Each transfer
+    is small or not by its own size (against its link's latency x bandwidth, else 64 KiB),
+    and the saving is only the small ones' latency: batching bulk copies saves nothing."""
+    out = []
+    for (ltype, name), g in _small_transfers(x).items():
+        n, small = int(g["transfers"]), int(g["small"])
+        if small < MANY or not g["small_ns"]:
+            continue
+        share = g["lost"] / g["small_ns"]
+        if share < LATENCY_DOMINATES:
+            continue
+        lat = g["latency_ns"]
+        src = "the topology and the shortest transfer" if g["topology"] else "the shortest transfer"
         out.append(
             x.finding(
                 "latency-bound",
                 f"{name} on {ltype}",
                 {
                     "transfers": n,
-                    "median_bytes": med_bytes,
-                    "median_us": round(med_ns / 1e3, 3),
-                    "latency_share": round(frac, 4),
-                    "links": len(rows),
+                    "small_transfers": small,
+                    "small_below_bytes": int(g["below"]),
+                    "small_mean_bytes": round(g["small_bytes"] / small, 1),
+                    "small_ms": ms(g["small_ns"]),
+                    "other_ms": ms(g["ns"] - g["small_ns"]),
+                    "latency_us": round(lat / 1e3, 3),
+                    "latency_from": src,
+                    "latency_share": round(share, 4),
+                    "links": int(g["dirs"]),
                 },
-                f"{n} transfers of ~{med_bytes / 1024:.0f} KiB spend {frac:.0%} of their time in "
-                f"latency: batch them into larger messages (bigger buckets, fused all-reduce)",
-                # the links work in parallel: one link's latency time, per step
-                xfer * frac / x.n_steps,
+                f"{small} of {n} transfers are under {int(g['below']) / 1024:,.0f} KiB and spend "
+                f"{share:.0%} of their time in latency (~{lat / 1e3:.3g} us each): batch them "
+                f"into larger messages (bigger buckets, fused all-reduce, one copy of a "
+                f"stacked tensor)",
+                # the link directions work in parallel: one direction's share, per step
+                g["lost"] / max(g["dirs"], 1) / x.n_steps,
             )
         )
     return out
@@ -104,6 +160,7 @@ def overlap_figures(x: RuleInput) -> dict[str, float]:
         comm = st.busy(s for s in leaves if _is_comm(s))
         compute = st.busy(s for s in leaves if _is_compute(s))
         if not compute:
+            _host_figures(st, out)
             continue
         exposed = iv.subtract(comm, compute)
         out["comm"] += iv.length(comm)
@@ -117,6 +174,34 @@ def overlap_figures(x: RuleInput) -> dict[str, float]:
                 out["name:" + s["name"]] += iv.length(iv.intersect(span, exposed))
     x.memo["overlap"] = out
     return out
+
+
+def _host_figures(st: iv.Step, out: dict[str, float]) -> None:
+    """A step with no GPU/NPU work (PyTorch on CPU, gloo): its collectives' time on the
+    host (comm spans, or the profiler's `gloo:all_reduce`...) against the step's, as
+    host_comm, host_exposed (not under other host work) and host_step."""
+    comm_spans = [
+        s
+        for s in st.spans
+        if s["span_id"] != st.root_id
+        and (s["op_kind"] == "comm" or (s["name"] or "").startswith(HOST_COLLECTIVE))
+    ]
+    if not comm_spans:
+        return
+    ids = {s["span_id"] for s in comm_spans}
+    comm = st.busy(comm_spans)
+    work = st.busy(
+        s
+        for s in st.leaves()
+        if s["span_id"] not in ids
+        and s["chip_type"] in ("cpu", None)
+        and not s["link_id"]
+        and s["span_id"] != st.root_id
+        and (s["parent_span_id"] not in ids)
+    )
+    out["host_comm"] += iv.length(comm)
+    out["host_exposed"] += iv.length(iv.subtract(comm, work))
+    out["host_step"] += st.duration_ns
 
 
 def poor_overlap(x: RuleInput) -> list[Finding]:

@@ -15,7 +15,9 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from chiptrace.analysis.device_steps import comm_exposure, host_wait, step_device
+from chiptrace.analysis import host_side as hs
+from chiptrace.analysis.device_steps import comm_exposure, step_device
+from chiptrace.analysis.host_side import ChipWait
 from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.tables import COMPUTE_TYPES
@@ -23,6 +25,7 @@ from chiptrace.analysis.tables import COMPUTE_TYPES
 EXPOSED = 0.03  # communication with no compute under it, 3% of a step
 HOST_WAIT = 0.05  # the GPU idle with an empty launch queue, 5% of a step
 LONG_GAP = 1_000_000  # host waits averaging 1 ms are host work, not launch overhead
+LAUNCH_SHARE = 0.5  # launch calls cover half the GPU's idle time: launch overhead
 LATE = 0.02  # a rank the others wait for at collectives, 2% of a step
 LAST_MOST = 0.5  # ... arriving last at half the collectives or more
 
@@ -129,19 +132,28 @@ def _launch_fix(st: dict[str, float], gap_ns: float) -> str:
     return "move Python and host work off the launching thread, or capture the step as a CUDA graph"
 
 
+def launch_share(per: dict[str, list[ChipWait]]) -> float:
+    """The share of the GPUs' idle time the host spent in the calls that launched work."""
+    idle = sum(w.idle for v in per.values() for w in v)
+    return sum(w.launch for v in per.values() for w in v) / idle if idle else 0.0
+
+
 def launch_bound(x: RuleInput) -> list[Finding]:
     """The GPU idle because its host has not launched the next work yet (an empty launch
-    queue): too many small kernels, Python between them, or host work in the step."""
-    per = _per_chip(x, lambda cw, sd: (*host_wait(cw), sd.duration_ns))
+    queue), and the host spends that idle time launching: too many small kernels, launch
+    overhead. (A host busy with other work is host-bound; one-time set-up is a warm-up.)"""
+    per = hs.per_chip(x)
     if not per:
         return []
-    step = statistics.median(r[3] for v in per.values() for r in v)
-    wait = {c: statistics.fmean(r[1] for r in v) for c, v in per.items()}
-    idle = {c: statistics.fmean(r[0] for r in v) for c, v in per.items()}
-    gaps = {c: statistics.fmean(r[2] for r in v) for c, v in per.items()}
+    steps = [sh.duration_ns for sh in hs.step_hosts(x) if not sh.warm_up]
+    step = statistics.median(steps)
+    wait = {c: hs.mean(v, "wait") for c, v in per.items()}
+    idle = {c: hs.mean(v, "idle") for c, v in per.items()}
+    gaps = {c: hs.mean(v, "gaps") for c, v in per.items()}
     worst = min(wait, key=lambda c: (-wait[c], c))
     saving = statistics.median(wait.values())
-    if not step or saving < HOST_WAIT * step:
+    share = launch_share(per)
+    if not step or saving < HOST_WAIT * step or share < LAUNCH_SHARE:
         return []
     st = _launch_stats(x)
     mean_gap = wait[worst] / max(gaps[worst], 1)
@@ -158,15 +170,16 @@ def launch_bound(x: RuleInput) -> list[Finding]:
                 "host_wait_share_of_idle": round(sum(wait.values()) / sum(idle.values()), 4)
                 if sum(idle.values())
                 else None,
+                "launch_calls_share_of_idle": round(share, 4),
                 "launches_per_step": round(st["kernels"] / max(len(x.steps), 1), 1),
                 "kernel_us_p50": round(st["kernel"] / 1e3, 3),
                 "launch_call_us_p50": round(st["call"] / 1e3, 3),
                 "launch_delay_us_p50": round(st["delay"] / 1e3, 3),
                 "chips": len(per),
-                "steps_sampled": len(x.steps),
+                "steps_sampled": len(steps),
             },
-            f"the GPU waits {_t(saving)} a step for its host to launch work (its launch "
-            f"queue runs empty): {_launch_fix(st, mean_gap)}",
+            f"the GPU waits {_t(saving)} a step for its host to launch work, and the host "
+            f"spends {share:.0%} of the GPU's idle time in launch calls: {_launch_fix(st, mean_gap)}",
             saving,
         )
     ]

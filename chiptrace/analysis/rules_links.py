@@ -152,7 +152,8 @@ def _at_least_medium(f: Finding) -> Finding:
 
 
 def saturated_links(x: RuleInput, skip: set[str]) -> list[Finding]:
-    """A link direction near its bandwidth much of the time while the chip it feeds waits."""
+    """A link direction near its known bandwidth much of the time while the chip it feeds
+    waits (a link whose bandwidth the topology does not give is never judged saturated)."""
     t = x.tables
     util = {r["chip_id"]: r["busy_ns"] / t.wall_ns for r in t.chips.to_pylist()}
     out = []
@@ -162,7 +163,9 @@ def saturated_links(x: RuleInput, skip: set[str]) -> list[Finding]:
         achieved = r["bytes"] / r["busy_ns"] * 1e9  # bytes/s while busy
         nominal = t.topology.bandwidth(r["link_id"])
         busy = r["busy_ns"] / t.wall_ns
-        if busy < BUSY or (nominal and achieved < SATURATED * nominal):
+        # Saturated means near the link's bandwidth: where that is unknown (no topology)
+        # nothing says so; the report's links table gives the achieved rate instead.
+        if busy < BUSY or not nominal or achieved < SATURATED * nominal:
             continue
         waiting = 1 - util.get(r["link_dst"] or "", 0.0)
         out.append(
@@ -267,3 +270,57 @@ def _down_finding(x: RuleInput, link_id: str, end: str, peers: list[str]) -> Fin
         severity_for(saving / x.step_ns if x.step_ns else 0.0),
     )
     return _at_least_medium(f)
+
+
+# Host memory the driver must stage through a pinned buffer: the PyTorch profiler names
+# such copies "Memcpy HtoD (Pageable -> Device)" / "Memcpy DtoH (Device -> Pageable)".
+_COPIES_SQL = """
+SELECT CAST(link_id AS VARCHAR), CAST(link_src AS VARCHAR), CAST(link_dst AS VARCHAR),
+       contains(CAST(name AS VARCHAR), 'Pageable') AS pageable, count(*),
+       CAST(sum(op_bytes) AS DOUBLE), CAST(sum(end_ns - start_ns) AS DOUBLE)
+FROM spans_raw
+WHERE link_id IS NOT NULL AND CAST(name AS VARCHAR) LIKE 'Memcpy%' AND op_bytes >= {bulk}
+  AND end_ns > start_ns AND end_ns >= {lo} AND start_ns < {hi}
+GROUP BY ALL"""
+MIN_PAGEABLE = 0.03  # pageable copy time, 3% of a step
+
+
+def pageable_copies(x: RuleInput) -> list[Finding]:
+    """Bulk host-device copies from pageable (unpinned) host memory. Their saving is what
+    the same bytes take at the rate pinned copies reach on the same link direction in this
+    trace; with none to compare, it is left unknown rather than guessed."""
+    t = x.tables
+    rows = x.link_rows()
+    if x.con is None or not any(str(r["name"] or "").startswith("Memcpy") for r in rows):
+        return []
+    mine = {r["link_id"] for r in rows}
+    got = x.con.sql(_COPIES_SQL.format(bulk=SMALL_MESSAGE, lo=t.lo, hi=t.hi)).fetchall()
+    pinned = {(lk, a, b): (nb / ns) for lk, a, b, pg, _, nb, ns in got if not pg and ns and nb}
+    out = []
+    for lk, a, b, pg, n, nbytes, ns in got:
+        if not pg or lk not in mine or not ns or ns / x.n_steps < MIN_PAGEABLE * x.step_ns:
+            continue
+        ref = pinned.get((lk, a, b))
+        saving = max(ns - nbytes / ref, 0.0) / x.n_steps if ref else 0.0
+        per_step = ns / x.n_steps
+        out.append(
+            x.finding(
+                "pageable-copy",
+                f"{lk} ({a}->{b})",
+                {
+                    "copies": n,
+                    "bytes": nbytes,
+                    "ms_per_step": ms(per_step),
+                    "achieved_GBps": round(nbytes / ns, 3),
+                    "pinned_GBps": round(ref, 3) if ref else None,
+                    "saving": "at the pinned copies' rate" if ref else "unknown: no pinned copy",
+                },
+                f"{n} copies of {nbytes / 1e6:,.1f} MB from pageable host memory run at "
+                f"{nbytes / ns:.2g} GB/s ({per_step / 1e6:.3g} ms a step): pin the host "
+                f"buffers (DataLoader(pin_memory=True), tensor.pin_memory()) and copy with "
+                f"non_blocking=True",
+                saving,
+                None if ref else ("medium" if per_step >= 0.10 * x.step_ns else "low"),
+            )
+        )
+    return out

@@ -8,11 +8,13 @@ errors all show in plain OpenTelemetry spans and the host samples of `chiptrace 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from collections import defaultdict
 from typing import Any
 
+from chiptrace.analysis import host_side as hs
 from chiptrace.analysis import steps as iv
 from chiptrace.analysis.model import Finding, severity_for
 from chiptrace.analysis.rule_input import RuleInput, ms, robust_z
@@ -74,8 +76,15 @@ def _served_by(x: RuleInput, slow_ids: set[str]) -> tuple[str | None, float]:
 
 
 def step_outliers(x: RuleInput) -> list[Finding]:
-    """The slowest steps against the median, and what they spent the extra on."""
+    """The slowest steps against the median, and what they spent the extra on (training
+    steps only: a browser's tasks are told by `long_tasks`)."""
     s = x.tables.steps
+    if s.num_rows < MIN_STEPS or not x.training:
+        return []
+    # A warm-up step (one-time work: allocation, compilation) is named by warm-up instead.
+    warm = {sh.step.root_id for sh in hs.step_hosts(x) if sh.warm_up}
+    keep = [i for i, sid in enumerate(s["span_id"].to_pylist()) if sid not in warm]
+    s = s.take(keep) if len(keep) < s.num_rows else s
     if s.num_rows < MIN_STEPS:
         return []
     durs = [max(e - b, 0) for b, e in zip(s["start_ns"].to_pylist(), s["end_ns"].to_pylist())]
@@ -124,6 +133,56 @@ def step_outliers(x: RuleInput) -> list[Finding]:
             sev if len(slow) > 1 or sev != "high" else "medium",
         )
     ]
+
+
+LONG_TASK_NS = 50_000_000  # the web's long-task threshold (the Long Tasks API): 50 ms
+# Top-level work of a thread: a root span of internal kind (a request is a server span:
+# its latency is the endpoints' business), longer than the threshold, by name.
+_LONG_TASKS_SQL = """
+SELECT CAST(name AS VARCHAR) AS name, count(*) AS n, max(end_ns - start_ns) AS longest,
+       CAST(sum(end_ns - start_ns - {limit}) AS DOUBLE) AS over,
+       arg_max(concat_ws(' ', CAST(service AS VARCHAR), 'pid ' || pid,
+                         'thread ' || json_extract_string(attributes, '$."thread.id"')),
+               end_ns - start_ns) AS where_
+FROM spans_raw
+WHERE parent_span_id IS NULL AND link_id IS NULL AND coalesce(kind, 0) IN (0, 1)
+  AND NOT coalesce(contains(attributes, '"kineto.cat"'), false)
+  AND end_ns - start_ns >= {limit} AND end_ns >= {lo} AND start_ns < {hi}
+GROUP BY 1 ORDER BY over DESC, name"""
+
+
+def long_tasks(x: RuleInput) -> list[Finding]:
+    """A trace that shows no training (a browser's, a tool's): its threads' top-level
+    tasks that ran 50 ms or more, each blocking its thread that long. Said in the tasks'
+    own words, at low severity: worth a look, not a training bottleneck. (A PyTorch
+    profiler trace's roots are ops and the profiler's own range, not tasks.)"""
+    t = x.tables
+    if x.con is None or any(w.training for w in t.workloads):
+        return []
+    rows = x.con.sql(_LONG_TASKS_SQL.format(limit=LONG_TASK_NS, lo=t.lo, hi=t.hi)).fetchall()
+    if not rows:
+        return []
+    n = sum(r[1] for r in rows)
+    over = sum(r[3] for r in rows)
+    name, _, longest, _, where = max(rows, key=lambda r: (r[2], r[0]))
+    top = ", ".join(f"{r[0]} ({r[1]})" for r in rows[:3])
+    f = x.finding(
+        "long-tasks",
+        name,
+        {
+            "long_tasks": n,
+            "by_name": {r[0]: r[1] for r in rows[:10]},
+            "longest_ms": ms(longest),
+            "longest_on": where,
+            "over_50ms_ms": ms(over),
+        },
+        f"{n} top-level tasks ran 50 ms or more ({top}; longest {name}, "
+        f"{longest / 1e6:,.0f} ms on {where}), each blocking its thread meanwhile: split "
+        f"them or move the work off that thread",
+        over,
+        "low",
+    )
+    return [dataclasses.replace(f, step=None)]  # about the run's threads, not a workload
 
 
 def _table_exists(con: Any, name: str) -> bool:

@@ -151,9 +151,23 @@ _MEDIAN = """
           GROUP BY k)"""
 
 
-def link_totals(con: Any, xfers: str, t0: int, t1: int) -> pa.Table:
+# Per link direction and size class (bytes in [2^b, 2^(b+1)); b = -1: no size): what the
+# transfer rules classify each transfer by, read off the (key, bytes, duration) counts.
+_SIZES = """
+    SELECT any_value(link_id) AS link_id, any_value(link_src) AS link_src,
+           any_value(link_dst) AS link_dst,
+           CASE WHEN op_bytes IS NULL THEN -1
+                ELSE CAST(floor(log2(greatest(op_bytes, 1))) AS INTEGER) END AS size_class,
+           CAST(sum(n) AS BIGINT) AS transfers,
+           CAST(coalesce(sum(CAST(op_bytes AS HUGEINT) * n), 0) AS DOUBLE) AS bytes,
+           CAST(sum(CAST(dur AS HUGEINT) * n) AS BIGINT) AS span_ns, min(dur) AS min_ns
+    FROM {counts} GROUP BY k, size_class ORDER BY link_id, link_src, link_dst, size_class"""
+
+
+def link_totals(con: Any, xfers: str, t0: int, t1: int) -> tuple[pa.Table, pa.Table]:
     """Per link direction: totals and medians from one streamed aggregate (transfers by
-    key, bytes and duration), busy from the chunked interval union."""
+    key, bytes and duration), busy from the chunked interval union; and per link direction
+    and size class (`_SIZES`) transfers, bytes, summed and shortest duration."""
     counts = f"_ct_xfer_{secrets.token_hex(4)}"
     busy = f"_ct_busy_{secrets.token_hex(4)}"
     try:
@@ -176,6 +190,7 @@ def link_totals(con: Any, xfers: str, t0: int, t1: int) -> pa.Table:
         )
         keys = np.fromiter(u.index, np.uint64, len(u.index))
         con.register(busy, pa.table({"k": keys, "busy": u.busy[list(u.index.values())]}))
+        sizes = arrow(con, _SIZES.format(counts=counts))
         return arrow(
             con,
             f"""
@@ -194,7 +209,7 @@ def link_totals(con: Any, xfers: str, t0: int, t1: int) -> pa.Table:
                    CAST(coalesce(b.busy, 0) AS BIGINT) AS busy_ns
             FROM t LEFT JOIN mb USING (k) LEFT JOIN md USING (k) LEFT JOIN {busy} b USING (k)
             ORDER BY t.link_id, t.link_src, t.link_dst""",
-        )
+        ), sizes
     finally:
         con.execute(f"DROP TABLE IF EXISTS {counts}")
         con.unregister(busy)

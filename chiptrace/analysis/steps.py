@@ -74,8 +74,30 @@ class Step:
         return [s for s in self.spans if s["span_id"] not in parents]
 
 
+def step_groups(steps: pa.Table) -> list[list[int]]:
+    """Row indices of `steps` grouped into the run's steps: the same step of every rank or
+    process (one trace id and name, the k-th such step of each process in that trace: the
+    imported `ProfilerStep#10` of eight ranks is one group of eight); a step of one process
+    alone is a group of one. Groups in order of their first start."""
+    cols = steps.select(["trace_id", "name", "start_ns"]).to_pydict()
+    procs = steps.column("proc").to_pylist() if "proc" in steps.column_names else None
+    n = steps.num_rows
+    order = sorted(range(n), key=lambda i: (cols["start_ns"][i], i))
+    seen: Counter[tuple] = Counter()
+    groups: dict[tuple, list[int]] = {}
+    for i in order:
+        key = (cols["trace_id"][i], cols["name"][i])
+        k = seen[(*key, procs[i] if procs else None)]
+        seen[(*key, procs[i] if procs else None)] += 1
+        groups.setdefault((*key, k), []).append(i)
+    return list(groups.values())
+
+
 def pick_steps(steps: pa.Table, max_steps: int = 5) -> list[int]:
-    """Row indices of `steps` to sample: slowest first, then the median, then spread."""
+    """Row indices of `steps` to sample: the slowest step, the median one (of the slowest
+    one's process where it has one), then the rest of their groups (`step_groups`: every
+    rank's copy of the same step, so rules that compare ranks see them all) and of groups
+    spread over the run, at most `max_steps` groups."""
     n = steps.num_rows
     if n == 0 or max_steps <= 0:
         return []
@@ -85,15 +107,24 @@ def pick_steps(steps: pa.Table, max_steps: int = 5) -> list[int]:
             steps.column("start_ns").to_pylist(), steps.column("end_ns").to_pylist(), strict=True
         )
     ]
-    order = sorted(range(n), key=lambda i: dur[i])
-    picks = [order[-1], order[n // 2]]
-    stride = max(n // max(max_steps - 2, 1), 1)
-    picks += list(range(0, n, stride))
-    out: list[int] = []
-    for i in picks:
-        if i not in out:
-            out.append(i)
-    return out[:max_steps]
+    groups = step_groups(steps)
+    of = {i: g for g in groups for i in g}
+    slowest = max(range(n), key=lambda i: (dur[i], i))
+    procs = steps.column("proc").to_pylist() if "proc" in steps.column_names else [None] * n
+    mine = [i for i in range(n) if procs[i] == procs[slowest]]
+    pool = mine if len(mine) > 1 else list(range(n))
+    by_dur = sorted(pool, key=lambda i: (dur[i], i))
+    median = by_dur[len(by_dur) // 2]
+    stride = max(len(groups) // max(max_steps - 2, 1), 1)
+    chosen = [of[slowest], of[median], *groups[::stride]]
+    picked: list[list[int]] = []
+    for g in chosen:
+        if g not in picked:
+            picked.append(g)
+    picked = picked[:max_steps]
+    out = [slowest] + ([median] if median != slowest else [])
+    out += [i for g in picked for i in g if i not in (slowest, median)]
+    return out
 
 
 def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
@@ -143,6 +174,28 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
             )
         )
     return out
+
+
+def whole_trace(con: Any, lo: int, hi: int) -> Step:
+    """The whole analysed range as one step (root id ""; its top-level spans are the
+    roots): for a trace of launched device work with no repeating span (an inference
+    call, a benchmark), so the device rules still see it. One query; the caller keeps it
+    to traces small enough to walk."""
+    cols = ", ".join(f"{expr} AS {alias}" for expr, alias in _COLUMNS)
+    rows = con.sql(
+        f"SELECT {cols} FROM spans_raw WHERE end_ns >= {int(lo)} AND start_ns < {int(hi)}"
+    ).fetchall()
+    names = [alias for _, alias in _COLUMNS]
+    spans = []
+    for row in rows:
+        d = dict(zip(names, row, strict=True))
+        d["parent_span_id"] = d["parent_span_id"] or ""
+        if d["chip_id"] is not None and d["chip_type"] is None:
+            d["chip_type"] = type_of_chip(d["chip_id"], None)
+        spans.append(d)
+    start = min((s["start_ns"] for s in spans), default=lo)
+    end = max((s["end_ns"] for s in spans), default=start)
+    return Step("", "", "(whole trace)", int(start), int(max(end, start)), tuple(spans))
 
 
 def _late_device_work(con: Any, rows: list[tuple], cols: str, ids: str, hi: int) -> list[tuple]:

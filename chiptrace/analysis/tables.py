@@ -80,6 +80,9 @@ class TraceTables:
         util: per plot window and chip: window_index, window_start_ns, chip_id, busy_ns.
         links: per link direction: link_id, link_type, link_src, link_dst, transfers,
             bytes, xfer_ns (summed), busy_ns (merged), median_bytes, median_ns.
+        link_sizes: per link direction and size class (bytes in [2^c, 2^(c+1)), -1 no
+            size): link_id, link_src, link_dst, size_class, transfers, bytes, span_ns
+            (summed whole-span durations), min_ns (the shortest).
         workloads: each workload's steps and per-step chip figures, busiest first
             (per_step.WorkloadTables).
         steps, step_chips: those of one workload (`for_workload`), by default the first.
@@ -99,6 +102,7 @@ class TraceTables:
     steps: pa.Table
     step_chips: pa.Table
     workloads: list[WorkloadTables] = field(default_factory=list)
+    link_sizes: pa.Table = field(default_factory=pa.table)
     lo: int = 0
     hi: int = 0
     topology: Topology = field(default_factory=Topology)
@@ -128,6 +132,7 @@ _NO_STEPS = pa.schema(
         ("start_ns", _I),
         ("end_ns", _I),
         ("links", _S),
+        ("proc", _S),
     ]
 ).empty_table()
 
@@ -175,7 +180,7 @@ def load_tables(
         ids = dict(zip(chip_ops["k"].to_pylist(), chip_ops["chip_id"].to_pylist(), strict=True))
         chip_ops = chip_ops.drop_columns(["k"])
         util = utilization(con, ops, t0, t1, w, sum(chip_ops["ops"].to_pylist()), ids)
-        links = link_totals(con, xfers, t0, t1)
+        links, sizes = link_totals(con, xfers, t0, t1)
     chips, chip_ops = _typed_chips(chip_ops, util, workloads)
     busy = dict(zip(chips["chip_id"].to_pylist(), chips["busy_ns"].to_pylist(), strict=True))
     workloads = busiest_first(workloads, busy)
@@ -190,6 +195,7 @@ def load_tables(
         chip_ops=chip_ops,
         util=util,
         links=_fill_types(links, "link_id", "link_type", type_of_link),
+        link_sizes=sizes,
         steps=first.steps if first else _NO_STEPS,
         step_chips=first.step_chips if first else empty_step_chips(),
         workloads=workloads,

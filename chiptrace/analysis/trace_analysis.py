@@ -14,10 +14,12 @@ from chiptrace.analysis import metrics as _metrics
 from chiptrace.analysis import rules_chips as rc
 from chiptrace.analysis import rules_comm as rm
 from chiptrace.analysis import rules_device as rd
+from chiptrace.analysis import rules_host as rh
 from chiptrace.analysis import rules_links as rl
 from chiptrace.analysis import rules_queue as rq
 from chiptrace.analysis import rules_roofline as rr
 from chiptrace.analysis import rules_run as rn
+from chiptrace.analysis.breakdown import time_breakdown
 from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.kernels import kernel_breakdown
 from chiptrace.analysis.launch import launch_queue
@@ -26,8 +28,8 @@ from chiptrace.analysis.ranking import replay_savings
 from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
-from chiptrace.analysis.steps import Step, load_steps, pick_steps
-from chiptrace.analysis.tables import TraceTables, load_tables
+from chiptrace.analysis.steps import Step, load_steps, pick_steps, step_groups, whole_trace
+from chiptrace.analysis.tables import COMPUTE_TYPES, TraceTables, load_tables
 
 Rule = Callable[[RuleInput], list[Finding]]
 
@@ -43,7 +45,7 @@ def _service(x: RuleInput) -> list[Finding]:
 
 
 #: Every rule by id, in the order they run (compute-bound also yields memory-bound,
-#: error-rate also tail-latency findings).
+#: error-rate also tail-latency, host-bound also data-loading findings).
 RULES: dict[str, Rule] = {
     "straggler": rc.straggler,
     "load-imbalance": rc.load_imbalance,
@@ -53,18 +55,22 @@ RULES: dict[str, Rule] = {
     "link-bound": rl.link_bound,
     "link-down": rl.link_down,
     "latency-bound": rm.latency_bound,
+    "pageable-copy": rl.pageable_copies,
     "poor-overlap": rm.poor_overlap,
     "exposed-comm": rd.exposed_comm,
     "launch-bound": rd.launch_bound,
+    "host-bound": rh.host_bound,
+    "warm-up": rh.warm_up,
     "rank-straggler": rd.rank_straggler,
     "step-outliers": rn.step_outliers,
+    "long-tasks": rn.long_tasks,
     "queue-overload": rq.queue_overload,
     "dropped-spans": rm.dropped_spans,
     "host-contention": rn.host_contention,
     "error-rate": _service,
 }
 #: Rules about the whole run, run once (with the first workload's step for their shares).
-RUN_RULES = ("dropped-spans", "host-contention", "error-rate")
+RUN_RULES = ("dropped-spans", "host-contention", "error-rate", "long-tasks")
 
 # DuckDB's share of the report's memory: past it, aggregates and joins spill to disk; the
 # rest (NumPy chunks of intervals.py, Arrow tables) stays under ~1 GiB on 100M spans.
@@ -89,7 +95,7 @@ def run_rules(x: RuleInput, rules: Iterable[str] | None = None) -> list[Finding]
         found += out
     # A GPU idle while its host launches is one finding, not two: launch-bound names the
     # launch queue, starvation only that the host was busy meanwhile.
-    if any(f.rule == "launch-bound" for f in found):
+    if any(f.rule in ("launch-bound", "host-bound", "data-loading") for f in found):
         found = [f for f in found if f.rule != "starvation"]
     # A late rank is one finding: rank-straggler says whom it keeps waiting, and how long.
     late = {f.culprit for f in found if f.rule == "rank-straggler"}
@@ -158,7 +164,9 @@ class TraceAnalysis:
         per_step = t.spans / max(sum(w.steps.num_rows for w in t.workloads), 1)
         if per_step > self.max_step_spans:
             return []
-        k = max(1, min(self.sample_steps, int(budget // max(per_step, 1))))
+        # A step is every rank's copy of it (steps.step_groups): k steps cost k x ranks.
+        ranks = t.steps.num_rows / max(len(step_groups(t.steps)), 1)
+        k = max(1, min(self.sample_steps, int(budget // max(per_step * ranks, 1))))
         return load_steps(self.con, t.steps, pick_steps(t.steps, k if self.sample_steps else 0))
 
     @cached_property
@@ -178,7 +186,9 @@ class TraceAnalysis:
         budget = SAMPLE_SPANS / max(len(t.workloads), 1)
         for i, w in enumerate(t.workloads):
             tw = t.for_workload(w)
-            steps = self._sample(tw, budget)
+            # Tasks that are not training steps (a browser's, a service's) get no step
+            # analysis: no critical path of a "step", shares of the wall time.
+            steps = self._sample(tw, budget) if w.training else []
             durs = _metrics.step_durations(tw)
             chips = {c for c in all_chips if owner_chip.get(c, 0) == i}
             links = {lk for lk in all_links if owner_link.get(lk, 0) == i}
@@ -187,14 +197,25 @@ class TraceAnalysis:
                     tw,
                     steps,
                     [critical_path(s.spans, s.root_id) for s in steps],
-                    float(_metrics.percentile(durs, 50) or 0.0),
+                    float(_metrics.percentile(durs, 50) or 0.0) if w.training else 0.0,
                     w.name,
                     frozenset(chips),
                     frozenset(links),
                     self.con,
+                    training=w.training,
                 )
             )
-        return out or [RuleInput(t.for_workload(None), con=self.con)]
+        return out or [self._whole(t)]
+
+    def _whole(self, t: TraceTables) -> RuleInput:
+        """A run without steps: one input over the whole range; where it holds launched
+        device work (an inference call, a benchmark) and is small enough to walk, that
+        range is its one sampled step, so the device rules (launch-bound...) see it."""
+        tw = t.for_workload(None)
+        launched = any(r["op_kind"] == "launch" for r in t.chip_ops.to_pylist())
+        if not launched or not self.sample_steps or t.spans > SAMPLE_SPANS:
+            return RuleInput(tw, con=self.con)
+        return RuleInput(tw, [whole_trace(self.con, t.lo, t.hi)], con=self.con)
 
     @cached_property
     def endpoints(self) -> list[dict[str, Any]]:
@@ -255,6 +276,8 @@ class TraceAnalysis:
         """Step figures of one workload: steps, p50/p99/mean, comm shares."""
         f = rm.overlap_figures(x)
         share = f["comm"] / f["step"] if f["step"] else None
+        if share is None and f["host_step"]:  # no GPU: the collectives the host ran (gloo)
+            share = f["host_comm"] / f["host_step"]
         return _metrics.step_figures(x, share)
 
     def metrics(self) -> dict[str, Any]:
@@ -291,6 +314,7 @@ class TraceAnalysis:
                     "step": w.name,
                     "names": list(w.choice.names[:10]),
                     "reason": w.choice.reason,
+                    "training": w.training,
                     **self.workload_metrics(x),
                     "critical_path": slowest,
                 }
@@ -310,7 +334,18 @@ class TraceAnalysis:
             kernel_breakdown(t),
             # HTA's launch queue needs its device events: none where metrics.ranks has none
             launch_queue(self.con, self.since_ns, self.until_ns) if metrics["ranks"] else [],
+            self.time_breakdown(),
         )
+
+    def time_breakdown(self) -> list[dict[str, Any]]:
+        """Self time by process, thread and span name (analysis/breakdown.py), for a run
+        with no training steps on a GPU/NPU (a browser, a service, PyTorch on the CPU);
+        [] for a GPU training run, whose devices the report breaks down instead."""
+        t = self.tables
+        device = any(ct in COMPUTE_TYPES for ct in t.chips.column("chip_type").to_pylist())
+        if not t.spans or (device and any(w.training for w in t.workloads)):
+            return []
+        return time_breakdown(self.con, t.lo, t.hi)
 
     def _range(self) -> str:
         s = "NULL" if self.since_ns is None else int(self.since_ns)

@@ -5,9 +5,10 @@ names them (`'ProfilerStep#*'`, `'GET /*'`): any span whose name matches, root o
 (a match nested in another match is part of that step). Without it, the guess reads only
 the spans that have children (one aggregate query; they are few) and prefers, in order:
 
-0. the PyTorch profiler's own step markers, `ProfilerStep#N` (an imported Kineto trace or
-   `chiptrace.torch`), however many and whether or not they have children;
-1. spans with a step attribute (`train.step`, `step`, `iteration`: a number) that repeat;
+0. spans with a step attribute (`train.step`, `step`, `iteration`: a number) that repeat
+   (the program says what a step is: under `chiptrace.torch` its `step` spans hold the ops);
+1. the PyTorch profiler's own step markers, `ProfilerStep#N` (an imported Kineto trace),
+   however many and whether or not they have children;
 2. the outermost spans that repeat: roots when roots repeat (one trace per step, per
    request), else the first level down that does (a loop inside one `train` span);
 3. the most common root with children (a run of one step).
@@ -45,6 +46,18 @@ _STEP_ATTR = r'"(?:[^"]*[._])?(?:step|iteration)"\s*:\s*-?[0-9]'
 # A profiler's operator or runtime call (Kineto's `cpu_op`, `cuda_runtime`...): library work
 # inside a step, never the step itself, however often it repeats.
 _OP_CALL = r'"kineto[.]cat"\s*:\s*"(?:cpu_op|cuda_driver|[a-z0-9_]*_runtime)"'
+# The process (rank) a span ran in: its resource's `distributed.rank`, else the resource
+# itself (one per process). A step is a rank's: the same `ProfilerStep#10` of eight ranks
+# shares a trace id, and its work must never land in another rank's step.
+PROC_SQL = (
+    "coalesce('rank' || json_extract_string({r}resource, '$.\"distributed.rank\"'), "
+    "'p' || CAST(hash({r}resource) AS VARCHAR))"
+)
+
+
+def proc_sql(alias: str = "") -> str:
+    """SQL for a span's process key (`PROC_SQL`), its columns read from `alias`."""
+    return PROC_SQL.format(r=f"{alias}." if alias else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +69,10 @@ class StepChoice:
     spans: int
     reason: str
     glob: str | None = None  # the pattern that named it; its steps are then read from the store
+    # What says these are training steps: "profiler" (ProfilerStep#N), "attribute" (a step
+    # number on the span), "glob" (--step named them); "repeat": only that the name repeats
+    # (a browser's task, a service's handler), which is training only with device work.
+    evidence: str = "repeat"
 
 
 def family(name: str) -> str:
@@ -98,7 +115,7 @@ def candidates(con: Any) -> Any:
                coalesce(regexp_matches(s.attributes, '{_STEP_ATTR}'), false) AS attr,
                coalesce(regexp_matches(s.attributes, '{_OP_CALL}'), false) AS op_call,
                s.chip_id IS NOT NULL AS on_chip, s.link_id IS NOT NULL AS on_link,
-               p.chip_child, p.link_child"""
+               p.chip_child, p.link_child, {proc_sql("s")} AS proc"""
     # Parents off the links first: finding a span by id reads every span id (the largest
     # column), and an nvl72 run is 99.9% link transfers, none of them a parent. Those
     # only are probed for the ids still missing, which are usually none.
@@ -222,9 +239,15 @@ def guess(
     fams = _families(con, tmp)
     if not fams:
         return []
-    if where is not None and any(_PROFILER_STEP.match(n) for f in fams.values() for n in f.names):
+    # The program's own step spans (a step number on a span that repeats) win over the
+    # profiler's markers: under chiptrace.torch the ops sit under the program's `step`.
+    own = any(f.attr and f.spans >= 2 for f in fams.values())
+    profiler = any(_PROFILER_STEP.match(n) for f in fams.values() for n in f.names)
+    if where is not None and profiler and not own:
         return [
-            StepChoice(c.name, c.names, c.spans, _PROFILER_REASON.format(n=c.spans), c.glob)
+            StepChoice(
+                c.name, c.names, c.spans, _PROFILER_REASON.format(n=c.spans), c.glob, "profiler"
+            )
             for c in choose_glob(con, where, PROFILER_STEPS, max_workloads)
         ]
     depth = _depths(fams)
@@ -238,7 +261,12 @@ def guess(
         # tagged `train_step`), unless they only contain the tagged steps (an `epoch`).
         above = _ancestors(fams, picked)
         picked += [
-            f for f in repeating if depth[f.name] == 0 and f not in picked and f.name not in above
+            f
+            for f in repeating
+            if depth[f.name] == 0
+            and f not in picked
+            and f.name not in above
+            and not any(_PROFILER_STEP.match(n) for n in f.names)  # the profiler's markers
         ]
         why = "repeats with a step attribute, or is a root that repeats"
     elif repeating:
@@ -261,7 +289,8 @@ def guess(
             reason += f"; its steps link to {', '.join(repr(b) for b in ends)} (their back end)"
         if left:
             reason += f"; not analysed: {', '.join(repr(x.name) for x in left)}"
-        out.append(StepChoice(f.name, tuple(sorted(f.names)), f.spans, reason))
+        evidence = "attribute" if f.attr else "repeat"
+        out.append(StepChoice(f.name, tuple(sorted(f.names)), f.spans, reason, None, evidence))
     return out
 
 
@@ -292,17 +321,19 @@ def choose_glob(con: Any, where: str, pattern: str, max_workloads: int = MAX_WOR
         name = key if len(members) > 1 else next(iter(members))
         spans = sum(members.values())
         reason = f"--step {pattern!r}: {spans} spans"
-        out.append(StepChoice(name, tuple(sorted(members)), spans, reason, pattern))
+        out.append(StepChoice(name, tuple(sorted(members)), spans, reason, pattern, "glob"))
     return out
 
 
 def step_rows(con: Any, choice: StepChoice, where: str, tmp: str | None) -> pa.Table:
-    """The steps of one workload: trace_id, span_id (hex), name, start_ns, end_ns, links;
-    a span nested in another step of the same workload belongs to that one."""
+    """The steps of one workload: trace_id, span_id (hex), name, start_ns, end_ns, links,
+    proc (the process or rank that ran it, `proc_sql`); a span nested in another step of
+    the same workload belongs to that one."""
     src = (
         tmp
         or f"""(SELECT trace_id, span_id, parent_span_id, CAST(name AS VARCHAR) AS name,
-                             start_ns, greatest(end_ns, start_ns) AS end_ns, links
+                             start_ns, greatest(end_ns, start_ns) AS end_ns, links,
+                             {proc_sql()} AS proc
                       FROM spans_raw WHERE {where})"""
     )
     with _registered(con, choice.names) as names:
@@ -311,7 +342,7 @@ def step_rows(con: Any, choice: StepChoice, where: str, tmp: str | None) -> pa.T
             f"""
             WITH m AS MATERIALIZED (SELECT c.* FROM {src} c SEMI JOIN {names} n ON c.name = n.name)
             SELECT lower(hex(m.trace_id)) AS trace_id, lower(hex(m.span_id)) AS span_id,
-                   m.name, m.start_ns, m.end_ns, m.links
+                   m.name, m.start_ns, m.end_ns, m.links, m.proc
             FROM m ANTI JOIN m AS pm ON pm.span_id = m.parent_span_id AND pm.trace_id = m.trace_id
             ORDER BY m.start_ns, m.span_id""",
         )

@@ -115,6 +115,7 @@ class Assembler:
         self._traces: list[bytes] = []
         self._trace_index: dict[Any, int] = {}
         self.offsets: dict[int, int] = {}
+        self._host_prefix: dict[int, str] = {}
 
     def _trace(self, key: Any) -> int:
         if key not in self._trace_index:
@@ -127,11 +128,24 @@ class Assembler:
         self.offsets = align_offsets(files, self.align)
         # Into a recorded run, chips are named as the run's own spans name them.
         prefixes = qualifier(files) if self.within is None else {f.no: "" for f in files}
+        # ... except the host's: each rank of a multi-rank job is a process of its own, so
+        # its CPU is `rankR/cpu:0` (the run's spans name GPUs by local rank already).
+        self._host_prefix = {} if self.within is None else self._rank_prefix(files)
         total = 0
         for f in files:
             total += self._file(f, prefixes[f.no])
             f.blocks.clear()
         return total
+
+    def _rank_prefix(self, files: list[Pending]) -> dict[int, str]:
+        """`rankR/` per file when the recorded run is one rank of several sharing the
+        store (its own resource says so: `chiptrace record -- torchrun`)."""
+        assert self.within is not None
+        rank = self.within.resource.get("distributed.rank")
+        size = self.within.resource.get("distributed.world_size")
+        if not (isinstance(rank, int) and isinstance(size, int) and size > 1):
+            return {}
+        return {f.no: f"rank{rank}/" for f in files}
 
     def _file(self, f: Pending, prefix: str) -> int:
         start, end = f.take("start"), f.take("end")
@@ -161,6 +175,11 @@ class Assembler:
                 cols["link_src"] = _prefixed(cols["link_src"], lambda v: prefix + v)
                 cols["link_dst"] = _prefixed(cols["link_dst"], lambda v: prefix + v)
                 cols["link_id"] = _prefixed(cols["link_id"], lambda v: _qualify_link(v, prefix))
+            hp = self._host_prefix.get(f.no)
+            if hp:
+                cols["chip_id"] = _prefixed(
+                    cols["chip_id"], lambda v, p=hp: p + v if v.startswith("cpu:") else v
+                )
             launch = launch_row[sl]
             has_link = launch >= 0
             lr = launch[has_link]

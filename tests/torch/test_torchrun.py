@@ -62,3 +62,41 @@ def test_record_torchrun_gives_every_rank_in_one_store(tmp_path, torch):
             assert by_id[c["parent_span_id"]]["name"] == "step"
         # each optimizer step ended a profiler step
         assert any(r["name"].startswith("ProfilerStep#") for r in mine)
+
+    # the report: each rank its own CPU chip, its own steps (named by the program's `step`
+    # spans), the collectives' share of them, and the top ops by self time
+    from chiptrace.analysis import TraceAnalysis
+
+    rep = TraceAnalysis(out).report().to_dict()
+    assert {c["chip_id"] for c in rep["chips"] if c["chip_type"] == "cpu"} == {
+        "rank0/cpu:0",
+        "rank1/cpu:0",
+    }
+    w = rep["workloads"][0]
+    assert (w["step"], w["steps"], w["ranks"], w["training"]) == ("step", 6, 2, True)
+    assert 0 < w["comm_share"] <= 1
+    # the collectives' time in the steps (gloo:*, c10d::*, comm spans; merged), by SQL
+    ((share,),) = con.execute(
+        """WITH RECURSIVE t(span_id, trace_id, root) AS (
+               SELECT span_id, trace_id, span_id FROM spans WHERE name = 'step'
+               UNION ALL SELECT s.span_id, s.trace_id, t.root FROM spans s
+               JOIN t ON s.parent_span_id = t.span_id AND s.trace_id = t.trace_id),
+           c AS (SELECT t.root, greatest(s.start_ns, r.start_ns) AS a,
+                        least(s.end_ns, r.end_ns) AS b
+                 FROM t JOIN spans s USING (span_id, trace_id) JOIN spans r ON r.span_id = t.root
+                 WHERE s.span_id <> t.root AND (s.name LIKE 'gloo:%' OR s.name LIKE 'c10d::%'
+                       OR s.op_kind = 'comm')),
+           m AS (SELECT *, max(b) OVER (PARTITION BY root ORDER BY a, b
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev FROM c),
+           g AS (SELECT *, sum(CASE WHEN prev IS NULL OR a > prev THEN 1 ELSE 0 END)
+                        OVER (PARTITION BY root ORDER BY a, b) AS gid FROM m),
+           u AS (SELECT root, gid, min(a) AS a, max(b) AS b FROM g GROUP BY ALL)
+           SELECT (SELECT sum(b - a) FROM u WHERE b > a)
+                  / (SELECT sum(duration_ns) FROM spans WHERE name = 'step')"""
+    ).fetchall()
+    # (the report reads a step's spans from its start: a collective a gloo thread began
+    # just before it counts from there, not from the step's start)
+    assert w["comm_share"] == pytest.approx(share, abs=0.03)
+    names = {r["name"] for r in rep["time_breakdown"]}
+    assert any(n.startswith("aten::") or n.startswith("gloo:") for n in names)
+    assert "PyTorch Profiler (0)" not in names
