@@ -177,6 +177,7 @@ class Span(otel_trace.Span):
         "tags",
         "start_ns",
         "end_ns",
+        "_token",
     )
     start_ns: int  # set by whoever opens the span, right after construction
 
@@ -185,6 +186,7 @@ class Span(otel_trace.Span):
     links: list[tuple[bytes, int, Any]] | None = None
     status_code = STATUS_UNSET
     status_message: str | None = None
+    _token: Any  # the context token of the `with chiptrace.span(...)` entry that opened it
 
     def __init__(
         self,

@@ -289,7 +289,10 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         ChipError: unknown chip, link, op kind or precision.
     """
 
-    __slots__ = ("_name", "_tags", "_kind", "_span", "_token", "_attributes")
+    # Each entry's span and context token live on the Span it opens (its `_token`), and
+    # the spans open now in `_open`: one object can be entered again while open (nested,
+    # by two threads, by two asyncio tasks) and each exit ends its own entry's span.
+    __slots__ = ("_name", "_tags", "_kind", "_open", "_attributes")
 
     def __init__(
         self,
@@ -308,8 +311,7 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         self._tags = _tags(chip, link, op, precision) if tagged else NO_TAGS
         self._attributes = attributes
         self._kind = SPAN_KIND_INTERNAL if kind is _INTERNAL else _kind(kind)
-        self._span: Span | None = None
-        self._token: Any = None
+        self._open: list[Span] = []
         if (device_time or _device.DEFAULT) and _device.wanted(device_time, self._tags, name):
             self.__class__ = _device.span_class(span)  # GPU-timed enter and exit (_device.py)
 
@@ -328,24 +330,40 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         if self._attributes:
             s.attributes = dict(self._attributes)
         if len(ctx) == (parent is not None):  # the context holds only the parent span
-            self._token = _set_context({_SPAN_KEY: s})
+            s._token = _set_context({_SPAN_KEY: s})
         else:
-            self._token = _set_context({**ctx, _SPAN_KEY: s})
-        self._span = s
+            s._token = _set_context({**ctx, _SPAN_KEY: s})
+        self._open.append(s)  # one C call: atomic under the GIL, locked per list without it
         s.start_ns = _time_ns()
         return s
 
+    def _pop(self) -> Span | None:
+        """The span of the entry now exiting: the current span when it is one of ours (the
+        usual case, whatever thread or task), else the latest entry still open (a block
+        that left another context current); None when nothing is open."""
+        cur = _get_context().get(_SPAN_KEY)
+        open_ = self._open
+        try:
+            open_.remove(cur)
+            return cur  # type: ignore[no-any-return]
+        except ValueError:
+            try:
+                return open_.pop()
+            except IndexError:
+                return None  # an exit without its enter: nothing to end
+
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        s = self._span
+        end = _time_ns()
+        s = self._pop()
         if s is None:
             return
-        end = _time_ns()
         if exc is not None:
             s._fail(exc)
         try:
-            _reset_context(self._token)
-        except ValueError:
+            _reset_context(s._token)
+        except (ValueError, RuntimeError):
             pass  # the token belongs to another context (a task or thread took over)
+        s._token = None
         if s.end_ns:
             return  # ended already (end() in the block), or tracing is off
         s.end_ns = end
