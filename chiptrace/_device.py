@@ -35,7 +35,7 @@ from chiptrace._span import (
 )
 from chiptrace.errors import ConfigError
 from chiptrace.recorder import Recorder
-from chiptrace.schema import Tags
+from chiptrace.vocab import Tags
 
 if TYPE_CHECKING:
     from chiptrace.api import span as ApiSpan

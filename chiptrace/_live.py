@@ -25,9 +25,10 @@ from chiptrace._span import (
     _record,
     _reset_context,
     _set_context,
+    _start,
     _time_ns,
 )
-from chiptrace.schema import NO_TAGS
+from chiptrace.vocab import NO_TAGS
 
 # Spans of decorated calls that were written to (current_span().set_attribute(...), an
 # exception): span id -> a Span holding what was written, until the call ends.
@@ -130,6 +131,7 @@ _wrap.G.update(
     end_live=_end_live,
     fail_live=_fail_live,
     record_first=_record,
+    start=_start,
     get=_get_context,
     set=_set_context,
     reset=_reset_context,

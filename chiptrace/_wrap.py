@@ -21,13 +21,14 @@ from collections.abc import Callable
 from typing import Any
 
 # Filled in by chiptrace._span at import (and kept current by its _State setters).
-G: dict[str, Any] = {"ON": True, "REC": None, "REMOTE": None}
+G: dict[str, Any] = {"ON": False, "OFF": False, "REC": None, "REMOTE": None}
 
 _BODY = """
 def make(fn, {defaults}):
     def wrapper({params}):
-        if not ON:
-            return fn({args})
+        if not ON:  # tracing off, or not started yet: start() starts it (once)
+            if OFF or not start():
+                return fn({args})
         _ct_ctx = get()
         _ct_parent = _ct_ctx.get(KEY)
         _ct_sid = new_id()
@@ -72,7 +73,7 @@ def make(fn, {defaults}):
 _GENERIC: tuple[str, str, list[str]] = ("*args, **kwargs", "*args, **kwargs", [])
 # Globals the body reads: a parameter of the same name would shadow one.
 _RESERVED = frozenset(
-    "fn make ON REC REMOTE HI KEY Live get set reset now new_id parent_ids fail_live "
+    "fn make ON OFF start REC REMOTE HI KEY Live get set reset now new_id parent_ids fail_live "
     "end_live record_first EXTRA".split()
 )
 

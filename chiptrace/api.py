@@ -34,7 +34,7 @@ from chiptrace._span import (
 )
 from chiptrace.errors import ConfigError
 from chiptrace.lifecycle import flush, get_recorder, init, shutdown
-from chiptrace.schema import NO_TAGS, SPAN_KIND_INTERNAL, Tags
+from chiptrace.vocab import NO_TAGS, SPAN_KIND_INTERNAL, Tags
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -53,9 +53,7 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=4096)
-def _tags(chip: str | None, link: str | None, op: str | None, precision: str | None) -> Tags:
-    return Tags.build(chip=chip, link=link, op=op, precision=precision)
+_tags = _sites.tags  # interned by value: one Tags per distinct chip/link/op/precision
 
 
 def _make_tags(
@@ -317,6 +315,8 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
 
     def __enter__(self) -> Span:
         # _open, inlined: a Python call level costs ~0.05 us of the ~1 us budget.
+        if _STATE._recorder is None and _STATE._enabled:
+            _STATE.auto_init()  # before the start time: the start-up is not the span's
         ctx = _get_context()
         parent = ctx.get(_SPAN_KEY)
         s = _new_span(Span)  # Span.__init__'s stores, without its call frame
