@@ -69,16 +69,21 @@ class QueuedSink:
 
     def wait(self, timeout_s: float) -> bool:
         """Wait until what is queued was exported; False at once when hung, or on timeout."""
-        if self.hung:
-            return False
-        return self._queue.join(max(timeout_s, 0.0))
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while not self.hung:
+            left = deadline - time.monotonic()
+            if self._queue.join(min(max(left, 0.0), 0.05)):
+                return True
+            if left <= 0:
+                return False
+        return False
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Export what is queued and close the sink, within `timeout_s` in all."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
         done = self.wait(timeout_s)
         self._queue.close(drop_pending=not done)
-        self._thread.join(max(deadline - time.monotonic(), 0.0))
+        self._thread.join(0.0 if self.hung else max(deadline - time.monotonic(), 0.0))
         if self._thread.is_alive():
             log.warning(
                 "chiptrace: sink %s did not finish within %.1f s; left behind", self.name, timeout_s

@@ -8,6 +8,7 @@ EXTENSIONS, which chiptrace/__init__.py fills before any of this can run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -124,6 +125,12 @@ def _init(
     NumPy and pyarrow, is set up on the writer thread at its first flush)."""
     sample_on, interval = _config.resolve_sampling(sample_host, sample_interval)
     cfg = _config.resolve(dir=dir, **settings)
+    if cfg.enabled and not _gil_enabled():
+        logging.getLogger("chiptrace").warning(
+            "chiptrace: tracing disabled: this Python runs without the GIL "
+            "(free-threaded build), which chiptrace's span buffer relies on"
+        )
+        cfg = dataclasses.replace(cfg, enabled=False)
     with _STATE.lock:
         old, _STATE.recorder = _STATE.recorder, None
         if old is not None:
@@ -137,6 +144,23 @@ def _init(
         if sample_on:
             _STATE.sampler = _start_sampler(cfg, interval)
         return _STATE.recorder
+
+
+def _gil_enabled() -> bool:
+    """False on a free-threaded CPython running without its GIL (3.13t and later).
+
+    Why chiptrace refuses to record there: the hot path appends a row to the recorder's
+    current chunk without a lock (`cur = rec.cur; cur.append(row)`, chiptrace._wrap), and
+    a thread that fills a chunk swaps in a new list and freezes the old one into a tuple
+    (Recorder.roll). With the GIL no other thread runs between another thread's read of
+    `rec.cur` and its append (the interpreter hands the GIL over only where it checks its
+    eval breaker: function entry, backward jumps and after a call returns, never between
+    loading `rec.cur` and the append), so no row lands in a frozen chunk. Without
+    the GIL one could, and be lost. A lock per span would cost ~0.1 us of the ~0.8 us
+    budget; per-thread chunks are the way to lift this (a later change).
+    """
+    probe = getattr(sys, "_is_gil_enabled", None)
+    return True if probe is None else bool(probe())
 
 
 def _build_recorder(

@@ -233,10 +233,13 @@ class Recorder:
         if not rows:
             return
         size = _size(rows)
-        if self._full_bytes + size > self.max_bytes:
-            self.drop(len(rows))
+        if self._full_bytes + size > self.max_bytes:  # keep what fits, at the chunk's mean
+            fits = max(self.max_bytes - self._full_bytes, 0) * len(rows) // size
+            self.drop(len(rows) - fits)
             self._wake.set()
-            return
+            rows, size = rows[:fits], size * fits // len(rows)
+            if not rows:
+                return
         self._full.append(tuple(rows))
         self._full_rows += len(rows)
         self._full_bytes += size
