@@ -234,8 +234,7 @@ def span_class(base: type[ApiSpan]) -> type[ApiSpan]:
                 return
             token, mark = s._token
             if mark is None:  # not timed: as any span
-                self._open.append(s)
-                s._token = token
+                s._token, s._owner = token, self
                 return super().__exit__(exc_type, exc, tb)
             if exc is not None:
                 s._fail(exc)

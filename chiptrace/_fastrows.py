@@ -76,7 +76,9 @@ class _SiteTable:
         return found
 
     def add(self, names: list[str], kinds: list[int], tags: list[Tags]) -> None:
-        for name, kind, t in zip(names, kinds, tags):
+        for i, (name, kind, t) in enumerate(zip(names, kinds, tags)):
+            if i and not i % 1024:
+                pause()  # 100,000 new sites at once would hold the GIL for ~0.3 s
             self.codes["name"].append(self._code("name", name))
             for col in TAG_COLUMNS:
                 self.codes[col].append(self._code(col, getattr(t, col)))

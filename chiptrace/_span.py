@@ -166,6 +166,17 @@ except ConfigError:
     LIMITS = _config.SpanLimits()  # resolve() reports the bad value when init() runs
 
 
+# The two limits set_attribute reads on every call, as plain globals (set_limits).
+_ATTRIBUTES_LIMIT = LIMITS.attributes
+_VALUE_LIMIT = LIMITS.value_length
+
+
+def set_limits(limits: _config.SpanLimits) -> None:
+    """Apply span limits (init() calls this with its resolved settings)."""
+    global LIMITS, _ATTRIBUTES_LIMIT, _VALUE_LIMIT
+    LIMITS, _ATTRIBUTES_LIMIT, _VALUE_LIMIT = limits, limits.attributes, limits.value_length
+
+
 def _clip(value: Any) -> Any:
     """A string attribute value cut to OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT (lists: each)."""
     limit = LIMITS.value_length
@@ -209,6 +220,7 @@ class Span(otel_trace.Span):
         "start_ns",
         "end_ns",
         "_token",
+        "_owner",
     )
     start_ns: int  # set by whoever opens the span, right after construction
 
@@ -218,6 +230,7 @@ class Span(otel_trace.Span):
     status_code = STATUS_UNSET
     status_message: str | None = None
     _token: Any  # the context token of the `with chiptrace.span(...)` entry that opened it
+    _owner: Any  # that chiptrace.span object while the entry is open, else None
 
     def __init__(
         self,
@@ -237,6 +250,7 @@ class Span(otel_trace.Span):
         self.kind = kind
         self.tags = tags
         self.end_ns = 0
+        self._owner = None
 
     @property
     def trace_id(self) -> bytes:
@@ -255,10 +269,12 @@ class Span(otel_trace.Span):
             return _ended(self, "set_attribute")
         attrs = self.attributes
         if attrs is None:
-            attrs = self.attributes = {}
-        elif len(attrs) >= LIMITS.attributes and key not in attrs:
+            if _ATTRIBUTES_LIMIT:
+                self.attributes = {key: value if _VALUE_LIMIT is None else _clip(value)}
+            return
+        if len(attrs) >= _ATTRIBUTES_LIMIT and key not in attrs:
             return  # past OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT: dropped, as the SDK does
-        attrs[key] = value if LIMITS.value_length is None else _clip(value)
+        attrs[key] = value if _VALUE_LIMIT is None else _clip(value)
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         if self.end_ns:

@@ -287,10 +287,12 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         ChipError: unknown chip, link, op kind or precision.
     """
 
-    # Each entry's span and context token live on the Span it opens (its `_token`), and
-    # the spans open now in `_open`: one object can be entered again while open (nested,
-    # by two threads, by two asyncio tasks) and each exit ends its own entry's span.
-    __slots__ = ("_name", "_tags", "_kind", "_open", "_attributes")
+    # Each entry's context token lives on the Span it opens (`_token`, with `_owner` this
+    # object), and an exit ends the current span when it is one of this object's: so one
+    # object can be entered again while open (nested, by threads, by asyncio tasks) and
+    # each exit ends its own entry. `_last` is the fallback for a block that left another
+    # context current (a library that attached and never detached).
+    __slots__ = ("_name", "_tags", "_kind", "_last", "_attributes")
 
     def __init__(
         self,
@@ -309,14 +311,15 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         self._tags = _tags(chip, link, op, precision) if tagged else NO_TAGS
         self._attributes = attributes
         self._kind = SPAN_KIND_INTERNAL if kind is _INTERNAL else _kind(kind)
-        self._open: list[Span] = []
+        self._last: Span | None = None
         if (device_time or _device.DEFAULT) and _device.wanted(device_time, self._tags, name):
             self.__class__ = _device.span_class(span)  # GPU-timed enter and exit (_device.py)
 
     def __enter__(self) -> Span:
         # _open, inlined: a Python call level costs ~0.05 us of the ~1 us budget.
-        if _STATE._recorder is None and _STATE._enabled:
-            _STATE.auto_init()  # before the start time: the start-up is not the span's
+        st = _STATE
+        if st._recorder is None and st._enabled:
+            st.auto_init()  # before the start time: the start-up is not the span's
         ctx = _get_context()
         parent = ctx.get(_SPAN_KEY)
         s = _new_span(Span)  # Span.__init__'s stores, without its call frame
@@ -326,44 +329,50 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         else:
             s.trace_hi, s.trace_lo, s.parent_id = _parent_ids(parent, sid)
         s.name, s.kind, s.tags = self._name, self._kind, self._tags
-        s.end_ns = 0 if _STATE.enabled else -1  # -1: never recorded; still a valid parent
+        s.end_ns = 0 if st._enabled else -1  # -1: never recorded; still a valid parent
         if self._attributes:
             s.attributes = dict(self._attributes)
         if len(ctx) == (parent is not None):  # the context holds only the parent span
             s._token = _set_context({_SPAN_KEY: s})
         else:
             s._token = _set_context({**ctx, _SPAN_KEY: s})
-        self._open.append(s)  # one C call: atomic under the GIL, locked per list without it
+        s._owner = self
+        self._last = s
         s.start_ns = _time_ns()
         return s
 
     def _pop(self) -> Span | None:
         """The span of the entry now exiting: the current span when it is one of ours (the
-        usual case, whatever thread or task), else the latest entry still open (a block
-        that left another context current); None when nothing is open."""
+        usual case, whatever thread or task), else the latest entry if still open; None
+        when there is none (an exit without its enter)."""
         cur = _get_context().get(_SPAN_KEY)
-        open_ = self._open
-        try:
-            open_.remove(cur)
+        if cur.__class__ is Span and cur._owner is self:
+            cur._owner = None
             return cur  # type: ignore[no-any-return]
-        except ValueError:
-            try:
-                return open_.pop()
-            except IndexError:
-                return None  # an exit without its enter: nothing to end
+        return self._fallback()
+
+    def _fallback(self) -> Span | None:
+        last = self._last
+        if last is not None and last._owner is self:
+            last._owner = None
+            return last
+        return None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         end = _time_ns()
-        s = self._pop()
-        if s is None:
-            return
+        s = _get_context().get(_SPAN_KEY)  # _pop, inlined
+        if s.__class__ is Span and s._owner is self:
+            s._owner = None
+        else:
+            s = self._fallback()
+            if s is None:
+                return
         if exc is not None:
             s._fail(exc)
         try:
             _reset_context(s._token)
         except (ValueError, RuntimeError):
             pass  # the token belongs to another context (a task or thread took over)
-        s._token = None
         if s.end_ns:
             return  # ended already (end() in the block), or tracing is off
         s.end_ns = end

@@ -137,7 +137,7 @@ def _init(
             _release(old)
         _stop_sampler()
         _STATE.enabled = cfg.enabled
-        _span.LIMITS = cfg.limits
+        _span.set_limits(cfg.limits)
         if not cfg.enabled:
             return None
         _STATE.recorder = _build_recorder(cfg, exporters, sinks, manifest, deferred)

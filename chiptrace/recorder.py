@@ -57,6 +57,7 @@ PEEK_WAIT_S = 10.0  # see Recorder.peek
 PLAIN_ROW_BYTES = 200
 RICH_ROW_BYTES = 600
 ITEM_BYTES = 100
+SAMPLE = 16
 
 
 def _why(e: BaseException) -> str:
@@ -563,21 +564,24 @@ class Recorder:
 
 def _size(rows: list[Any]) -> int:
     """Bytes a chunk of rows is counted as (see PLAIN_ROW_BYTES)."""
-    lengths = list(map(len, rows))  # C speed: the per-chunk cost on the traced thread
-    plain = lengths.count(7)
-    total = plain * PLAIN_ROW_BYTES
+    plain = list(map(len, rows)).count(7)  # C speed: this runs on the traced thread
     if plain == len(rows):
-        return total
-    for row in rows:
+        return plain * PLAIN_ROW_BYTES
+    # General rows: every SAMPLE-th is measured and stands for its neighbours (measuring
+    # all would cost ~0.15 us a span, a tenth of a span()'s budget).
+    measured = 0
+    sampled = rows[::SAMPLE]
+    for row in sampled:
         if len(row) == 7:
+            measured += PLAIN_ROW_BYTES
             continue
-        total += RICH_ROW_BYTES
+        measured += RICH_ROW_BYTES
         for part in row[11:14]:  # attributes, events, links
             if part:
-                total += ITEM_BYTES * len(part)
+                measured += ITEM_BYTES * len(part)
                 if isinstance(part, dict):
-                    total += sum(len(v) for v in part.values() if isinstance(v, str))
-    return total
+                    measured += sum(len(v) for v in part.values() if isinstance(v, str))
+    return measured * len(rows) // len(sampled)
 
 
 def describe(recorder: Recorder) -> Mapping[str, Any]:
