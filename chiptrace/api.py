@@ -348,7 +348,7 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         cur = _get_context().get(_SPAN_KEY)
         if cur.__class__ is Span and cur._owner is self:
             cur._owner = None
-            return cur  # type: ignore[no-any-return]
+            return cur
         return self._fallback()
 
     def _fallback(self) -> Span | None:

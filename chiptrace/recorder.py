@@ -28,14 +28,14 @@ import collections
 import concurrent.futures.thread  # noqa: F401
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from chiptrace import _exit
 from chiptrace._exit import cancel_exit, on_exit
+from chiptrace._writer import SpanSink, StoreSink, convert, emit, row_bytes, warm_up, why
 from chiptrace.config import Config
 from chiptrace.errors import ChipError
 from chiptrace.vocab import dumps
@@ -51,46 +51,6 @@ __all__ = ["Recorder", "SpanSink", "StoreSink", "describe", "on_exit", "cancel_e
 _POLL_S = 0.05
 CHUNK = 1024  # rows per buffer chunk
 PEEK_WAIT_S = 10.0  # see Recorder.peek
-# Buffer bytes a row is counted as (the bound in bytes, CHIPTRACE_MAX_BUFFERED_BYTES): a
-# plain row is a tuple of seven ints (~200 bytes with them); a general row adds its
-# attributes, events and links, counted by their number and their strings' lengths.
-PLAIN_ROW_BYTES = 200
-RICH_ROW_BYTES = 600
-ITEM_BYTES = 100
-SAMPLE = 16
-
-
-def _why(e: BaseException) -> str:
-    """An OS error's plain reason ("No space left on device"); pyarrow's own OSErrors
-    carry the errno only inside their message."""
-    code = getattr(e, "errno", None)
-    found = re.search(r"\[errno (\d+)\]", str(e), re.IGNORECASE)
-    if code is None and found:
-        code = int(found.group(1))
-    return os.strerror(code) if code else str(e).splitlines()[0]
-
-
-class SpanSink(Protocol):
-    """Anything that receives finished spans as Arrow batches, on the writer thread."""
-
-    def write(self, batch: pa.RecordBatch) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class StoreSink:
-    """The Parquet store as a sink: one part per flush."""
-
-    takes_tables = True  # a whole flush in one call, no re-batching
-
-    def __init__(self, writer: PartWriter) -> None:
-        self.writer = writer
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        self.writer.write(batch)
-
-    def close(self) -> None:
-        self.writer.close()  # the manifest says the writer has ended (a viewer shows ENDED)
 
 
 class Recorder:
@@ -161,29 +121,9 @@ class Recorder:
             "resource": dumps(resource),
         }
         if setup is None:
-            self._warm_up()
+            warm_up(self.constants)
         self._thread = threading.Thread(target=self._run, name="chiptrace-writer", daemon=True)
         self._thread.start()
-
-    def _warm_up(self) -> None:
-        """Convert a few rows once now (~0.1 s): the first conversion imports and sets up
-        what NumPy and pyarrow need (pa.array imports pandas where installed), and on the
-        writer thread that would hold the GIL while the program runs."""
-        import pyarrow as pa
-
-        from chiptrace import _fastrows, _sites
-        from chiptrace.schema import NO_TAGS, SPAN_SCHEMA
-
-        site = _sites.site("chiptrace.warm-up", NO_TAGS, 1)
-        rows: list[tuple[Any, ...]] = [(site, 1, 1, 1, 0, 1, 2)]
-        if site < 0:
-            rows = []
-        rows.append((NO_TAGS, 1, 1, 2, 1, 1, 2, "w", 1, 0, None, {"a": 1}, None, None))
-        try:
-            batches, _ = _fastrows.convert(rows, self.constants)
-            pa.Table.from_batches(batches, SPAN_SCHEMA).combine_chunks()
-        except Exception:  # noqa: BLE001 - a warm-up failure shows again at the first flush
-            log.debug("chiptrace: warm-up conversion failed", exc_info=True)
 
     def _set_up(self) -> None:
         """Build the deferred sinks (under the flush lock, before the first flush)."""
@@ -194,10 +134,10 @@ class Recorder:
             sinks, writer = setup()
         except Exception as e:  # noqa: BLE001 - tracing must never crash the program
             log.warning("chiptrace: tracing stopped: %s", e)
-            self.store_error = _why(e)
+            self.store_error = why(e)
             return
         self.sinks, self.writer = [*sinks, *self.sinks], writer
-        self._warm_up()
+        warm_up(self.constants)
 
     # ------------------------------------------------------------ ingest
 
@@ -233,7 +173,7 @@ class Recorder:
             rows = rows[: max(room, 0)]
         if not rows:
             return
-        size = _size(rows)
+        size = row_bytes(rows)
         if self._full_bytes + size > self.max_bytes:  # keep what fits, at the chunk's mean
             fits = max(self.max_bytes - self._full_bytes, 0) * len(rows) // size
             self.drop(len(rows) - fits)
@@ -327,40 +267,12 @@ class Recorder:
         return out
 
     def _convert(self, chunks: list[tuple[Any, ...]]) -> list[pa.RecordBatch]:
-        """Rows to batches slice by slice; on the writer thread the GIL goes to the
-        program's threads between chunks (see chiptrace._fastrows)."""
-        from chiptrace import _fastrows
-
         yielding = threading.current_thread() is self._thread
-        conv = _fastrows.Converter(self.constants, _fastrows.pause if yielding else None)
-        failed = 0
-        for part in chunks:
-            try:
-                conv.add(part)
-            except Exception:  # noqa: BLE001 - a bug in the conversion must not kill the writer
-                log.exception("chiptrace: could not convert %d buffered spans; dropped", len(part))
-                failed += len(part)
-            if yielding:
-                _fastrows.pause()
-            if conv.due:
-                lost = conv.lost
-                try:
-                    conv.build()
-                except Exception:  # noqa: BLE001
-                    log.exception("chiptrace: could not convert buffered spans; dropped")
-                    failed += conv.lost - lost
-                if yielding:
-                    _fastrows.pause()
-        try:
-            out = conv.finish()
-        except Exception:  # noqa: BLE001
-            log.exception("chiptrace: could not convert buffered spans; dropped")
-            failed += conv.lost
-            out = conv.batches
+        out, failed, bad = convert(chunks, self.constants, yielding)
         if failed:
             self.drop(failed)
-        if conv.bad:
-            self._reject(conv.bad)
+        if bad:
+            self._reject(bad)
         return out
 
     def _reject(self, rejected: Mapping[int, str]) -> None:
@@ -420,34 +332,11 @@ class Recorder:
 
             # combine_chunks and the Parquet encoding run in C++ without the GIL.
             table = pa.Table.from_batches(batches, SPAN_SCHEMA).combine_chunks()
-            self._emit(table)
+            emit(self, table)
             self.spans_flushed += total
         if self.writer is not None and (total or self.dropped != self._dropped_recorded):
             self._update_manifest()
         return total
-
-    def _emit(self, table: pa.Table) -> None:
-        batches: list[pa.RecordBatch] | None = None
-        for i, sink in enumerate(self.sinks):
-            try:
-                if getattr(sink, "takes_tables", False):
-                    sink.write(table)
-                else:
-                    if batches is None:
-                        batches = table.to_batches(max_chunksize=1 << 20)
-                    for batch in batches:
-                        sink.write(batch)
-            except Exception as e:  # noqa: BLE001 - sinks never raise into the traced program
-                self._sink_errors += 1
-                if i == 0:
-                    self.drop(table.num_rows)
-                    self.store_error = self.store_error or _why(e)
-                # One line when a sink starts failing (a full disk fails every flush).
-                if i not in self._failing:
-                    self._failing.add(i)
-                    log.warning("chiptrace: sink %s failed: %s", type(sink).__name__, e)
-            else:
-                self._failing.discard(i)
 
     def _update_manifest(self) -> None:
         if self.writer is None:
@@ -560,28 +449,6 @@ class Recorder:
 
         threading.Thread(target=record, name="chiptrace-manifest", daemon=True).start()
         done.wait(0.3)
-
-
-def _size(rows: list[Any]) -> int:
-    """Bytes a chunk of rows is counted as (see PLAIN_ROW_BYTES)."""
-    plain = list(map(len, rows)).count(7)  # C speed: this runs on the traced thread
-    if plain == len(rows):
-        return plain * PLAIN_ROW_BYTES
-    # General rows: every SAMPLE-th is measured and stands for its neighbours (measuring
-    # all would cost ~0.15 us a span, a tenth of a span()'s budget).
-    measured = 0
-    sampled = rows[::SAMPLE]
-    for row in sampled:
-        if len(row) == 7:
-            measured += PLAIN_ROW_BYTES
-            continue
-        measured += RICH_ROW_BYTES
-        for part in row[11:14]:  # attributes, events, links
-            if part:
-                measured += ITEM_BYTES * len(part)
-                if isinstance(part, dict):
-                    measured += sum(len(v) for v in part.values() if isinstance(v, str))
-    return measured * len(rows) // len(sampled)
 
 
 def describe(recorder: Recorder) -> Mapping[str, Any]:
