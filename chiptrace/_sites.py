@@ -61,11 +61,13 @@ def tags(chip: str | None, link: str | None, op: str | None, precision: str | No
 def site(name: Any, tags: Tags, kind: int) -> int:
     """The number of the site (name, tags, kind); -1 when it cannot have one (a name
     that is not a string, or a full table): such spans write the general row."""
+    if name.__class__ is not str:
+        return -1  # checked first: a name that is not hashable must not raise here
     key = (name, id(tags), kind)
     found = _index.get(key)
     if found is not None:
         return found
-    if name.__class__ is not str or len(NAMES) >= MAX_SITES:
+    if len(NAMES) >= MAX_SITES:
         return -1
     with _lock:
         found = _index.get(key)

@@ -14,8 +14,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from chiptrace import _device, _sites, _wrap
-from chiptrace import _live as _live  # fills _wrap's globals (the compiled wrappers' names)
+from chiptrace import _device, _live, _sites, _wrap
 from chiptrace import _span as _span_mod
 from chiptrace._span import (
     _KINDS,
@@ -35,6 +34,9 @@ from chiptrace._span import (
 from chiptrace.errors import ConfigError
 from chiptrace.lifecycle import flush, get_recorder, init, shutdown
 from chiptrace.vocab import NO_TAGS, SPAN_KIND_INTERNAL, Tags
+
+# The one binding of what the compiled @trace wrappers call (chiptrace._wrap.G).
+_wrap.bind(**_live.bindings())
 
 P = ParamSpec("P")
 R = TypeVar("R")

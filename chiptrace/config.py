@@ -56,7 +56,9 @@ DEFAULT_FLUSH_INTERVAL_S = 2.0
 DEFAULT_FLUSH_SPANS = 200_000
 DEFAULT_MAX_BUFFERED = 1_000_000
 DEFAULT_MAX_BUFFERED_BYTES = 512 << 20
-DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
+# The SDK's export timeout: a healthy store writes a full 1M-span buffer well within it
+# even on a loaded machine (~15 s on 2 busy cores); a hung one costs exit no more.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 DEFAULT_SINK_QUEUE_SPANS = 200_000
 DEFAULT_EXPORT_TIMEOUT_MS = 30_000
 DEFAULT_COUNT_LIMIT = 128

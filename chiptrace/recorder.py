@@ -107,6 +107,8 @@ class Recorder:
         self._done = threading.Event()  # the writer thread has closed the sinks
         self._stop = False
         self.gave_up = False  # shutdown() ran out of time (see _give_up)
+        self._close_by: float | None = None  # monotonic deadline of the last close
+        self._in_flight = 0  # spans a flush took and has not handed to the sinks yet
         self._last_flush = time.monotonic()
         # Called before each flush and at each wake of the writer thread (final=True once,
         # at shutdown): they hand in spans they held back, e.g. GPU-timed spans whose CUDA
@@ -254,6 +256,7 @@ class Recorder:
             cur, self.cur = self.cur, []
             self._keep(cur)
             chunks = list(self._full)
+            self._in_flight = self._full_rows + self._batch_rows  # until emitted
             self._full.clear()
             self._full_rows = 0
             self._full_bytes = 0
@@ -334,6 +337,7 @@ class Recorder:
             table = pa.Table.from_batches(batches, SPAN_SCHEMA).combine_chunks()
             emit(self, table)
             self.spans_flushed += total
+        self._in_flight = 0
         if self.writer is not None and (total or self.dropped != self._dropped_recorded):
             self._update_manifest()
         return total
@@ -374,7 +378,7 @@ class Recorder:
         try:
             self._resolve(True)
             self.flush()
-            deadline = time.monotonic() + self.config.shutdown_timeout_s
+            deadline = self._close_by or time.monotonic() + self.config.shutdown_timeout_s
             for sink in self.sinks:
                 try:
                     close = sink.close
@@ -419,6 +423,7 @@ class Recorder:
         once; the writer thread finishes when that flush has)."""
         wait = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + max(wait, 0.0)
+        self._close_by = min(self._close_by or deadline, deadline)  # the sinks' close too
         self._stop = True
         self._wake.set()
         if self._flush_owner == threading.get_ident() or self._thread is threading.current_thread():
@@ -434,7 +439,7 @@ class Recorder:
         """Count what the deadline left unwritten and say so, on a thread of its own (a
         hung file system would hang the manifest write too)."""
         self.gave_up = True
-        lost = self.pending
+        lost = self.pending + self._in_flight  # buffered, and taken but not yet written
         self.drop(lost)
         log.warning(
             "chiptrace: exit did not finish writing within %.1f s; %d buffered spans dropped",

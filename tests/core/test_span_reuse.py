@@ -84,3 +84,15 @@ def test_exit_without_enter_and_foreign_context_do_not_raise(trace_dir: Path) ->
 
         context.attach(context.set_value("k", 1))
     assert len(spans_by_name(trace_dir)["odd"]) == 1
+
+
+def test_odd_names_and_kinds_never_raise_into_the_program(trace_dir: Path) -> None:
+    with chiptrace.span(["not", "a", "name"]):  # type: ignore[arg-type]
+        pass
+    with chiptrace.span("renamed") as s:
+        s.update_name({"a": 1})  # type: ignore[arg-type]
+    with chiptrace.span("kind", kind=99):
+        pass
+    rec = chiptrace.get_recorder()
+    chiptrace.flush()
+    assert rec is not None and rec.spans_rejected == 2  # counted, dropped, never raised
