@@ -2,7 +2,8 @@
 
 Instrument code with `@chiptrace.trace(chip="gpu:0")` and `with chiptrace.span(...)`,
 query the Parquet trace store with `chiptrace.connect(DIR)`. Importing chiptrace loads
-OpenTelemetry and pyarrow, never the viewer (Textual) or the exporters.
+the OpenTelemetry API only: never NumPy or pyarrow (the recorder loads them on its
+writer thread), the viewer (Textual) or the exporters.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from chiptrace.errors import (
     StoreError,
 )
 from chiptrace.propagation import extract, in_context, inject, subprocess_env
-from chiptrace.schema import CHIP_TYPES, LINK_TYPES, OP_KINDS, PRECISIONS
+from chiptrace.vocab import CHIP_TYPES, LINK_TYPES, OP_KINDS, PRECISIONS
 
 if TYPE_CHECKING:
     import duckdb

@@ -35,7 +35,7 @@ from chiptrace._span import (
 )
 from chiptrace.errors import ConfigError
 from chiptrace.recorder import Recorder
-from chiptrace.schema import Tags
+from chiptrace.vocab import Tags
 
 if TYPE_CHECKING:
     from chiptrace.api import span as ApiSpan
@@ -220,20 +220,24 @@ def span_class(base: type[ApiSpan]) -> type[ApiSpan]:
 
     class DeviceSpan(Base):
         __slots__ = ()
-        _token: Any  # the base's slot, here (context token, device mark) while open
 
         def __enter__(self) -> Span:
             s = super().__enter__()
             t = timer()
-            self._token = (self._token, t.start() if t is not None and s.end_ns == 0 else None)
+            # The entry's token, with the device mark beside it, on its own span.
+            s._token = (s._token, t.start() if t is not None and s.end_ns == 0 else None)
             return s
 
         def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-            self._token, mark = self._token
-            if mark is None or self._span is None:  # not timed: as any span
+            s = self._pop()
+            if s is None:
+                return
+            token, mark = s._token
+            if mark is None:  # not timed: as any span
+                s._token, s._owner = token, self
                 return super().__exit__(exc_type, exc, tb)
             if exc is not None:
-                self._span._fail(exc)
-            _end(self._span, self._token, timer(), mark)
+                s._fail(exc)
+            _end(s, token, timer(), mark)
 
     return DeviceSpan

@@ -19,8 +19,11 @@ the GIL: shorter holds make that rarer too.
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,11 +32,97 @@ import pyarrow as pa
 from chiptrace import _sites
 from chiptrace._rows import rows_to_batch
 from chiptrace.schema import TAG_COLUMNS, batch_from_columns, ids_to_binary
+from chiptrace.vocab import Tags
 
 PLAIN_LEN = 7
 _flatten = itertools.chain.from_iterable
 RICH_SLICE = 256
 PAUSE_S = 0.0002
+
+
+@dataclass
+class SiteColumns:
+    """Per-site column values, for NumPy takes by site number (built on the writer thread)."""
+
+    n: int
+    name_codes: np.ndarray  # per-site index into name_dict (names repeat across tags)
+    name_dict: pa.Array
+    kinds: np.ndarray
+    has_attributes: np.ndarray  # sites whose decorator set static attributes
+    codes: dict[str, np.ndarray]  # tag column -> per-site index into dicts[col], -1: null
+    dicts: dict[str, pa.Array]
+
+
+class _SiteTable:
+    """The sites seen so far as growing code lists; only new sites cost work (a cycle of
+    100,000 link ids adds them over many flushes, and a rebuild of all would hold the GIL
+    for ~0.1 s each time)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.where: dict[str, dict[str, int]] = {c: {} for c in (*TAG_COLUMNS, "name")}
+        self.codes: dict[str, list[int]] = {c: [] for c in (*TAG_COLUMNS, "name")}
+        self.kinds: list[int] = []
+        self.static: list[bool] = []
+        self.cached: SiteColumns | None = None
+
+    def _code(self, col: str, value: str | None) -> int:
+        if value is None:
+            return -1
+        where = self.where[col]
+        found = where.get(value)
+        if found is None:
+            found = where[value] = len(where)
+        return found
+
+    def add(self, names: list[str], kinds: list[int], tags: list[Tags]) -> None:
+        for i, (name, kind, t) in enumerate(zip(names, kinds, tags)):
+            if i and not i % 1024:
+                pause()  # 100,000 new sites at once would hold the GIL for ~0.3 s
+            self.codes["name"].append(self._code("name", name))
+            for col in TAG_COLUMNS:
+                self.codes[col].append(self._code(col, getattr(t, col)))
+            self.kinds.append(kind)
+            self.static.append(t.attributes is not None)
+        self.n += len(names)
+
+    def columns(self) -> SiteColumns:
+        got = self.cached
+        if got is not None and got.n == self.n:
+            return got
+        dicts = {c: pa.array(list(self.where[c]), pa.string()) for c in self.where}
+        codes = {c: np.array(v, dtype=np.int32) for c, v in self.codes.items()}
+        got = SiteColumns(
+            n=self.n,
+            name_codes=codes.pop("name"),
+            name_dict=dicts.pop("name"),
+            kinds=np.array(self.kinds, dtype=np.int8),
+            has_attributes=np.array(self.static, dtype=bool),
+            codes=codes,
+            dicts=dicts,
+        )
+        self.cached = got
+        return got
+
+
+_table = _SiteTable()
+_table_lock = threading.Lock()
+
+
+def site_columns(needed: int) -> SiteColumns:
+    """Column values of sites 0..n-1, n >= `needed` (extended when sites were added)."""
+    with _table_lock:
+        if _table.n < needed:
+            _table.add(*_sites.snapshot(_table.n))
+        return _table.columns()
+
+
+def _after_fork_in_child() -> None:
+    global _table_lock
+    _table_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _trace_ids(hi: np.ndarray, lo: np.ndarray) -> pa.FixedSizeBinaryArray:
@@ -55,7 +144,7 @@ def plain_batch(a: np.ndarray, constants: Mapping[str, Any]) -> pa.RecordBatch:
     without static attributes."""
     n = len(a)
     site = a[:, 0].astype(np.int32)
-    cols = _sites.columns(int(site.max()) + 1 if n else 0)
+    cols = site_columns(int(site.max()) + 1 if n else 0)
     columns: dict[str, Any] = {
         "trace_id": _trace_ids(a[:, 1], a[:, 2]),
         "span_id": ids_to_binary(a[:, 3]),
@@ -109,7 +198,7 @@ class Converter:
             flat = np.fromiter(_flatten(plain), np.uint64, PLAIN_LEN * len(plain))
             a = flat.reshape(len(plain), PLAIN_LEN)
             site = a[:, 0].astype(np.int32)
-            static = _sites.columns(int(site.max()) + 1).has_attributes[site]
+            static = site_columns(int(site.max()) + 1).has_attributes[site]
             if static.any():  # sites whose decorator set attributes: checked as general rows
                 rich = [*rich, *(_as_rich(plain[i]) for i in np.flatnonzero(static).tolist())]
                 a = a[~static]

@@ -15,7 +15,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanContext, Status, StatusCode
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from chiptrace import _sites, _wrap
+from chiptrace import _sites
 from chiptrace._span import (
     _SAMPLED,
     Span,
@@ -25,9 +25,10 @@ from chiptrace._span import (
     _record,
     _reset_context,
     _set_context,
+    _start,
     _time_ns,
 )
-from chiptrace.schema import NO_TAGS
+from chiptrace.vocab import NO_TAGS
 
 # Spans of decorated calls that were written to (current_span().set_attribute(...), an
 # exception): span id -> a Span holding what was written, until the call ends.
@@ -121,18 +122,21 @@ def _end_live(th: int, tl: int, sid: int, site: int, pid: int, start: int, end: 
     _finish(span, end)
 
 
-# What the wrappers compiled by _wrap call, bound once. Here rather than in _span, which
-# Live builds on: chiptrace.api imports this module, so it is filled before any decoration.
-_wrap.G.update(
-    Live=Live,
-    parent_ids=_parent_ids,
-    EXTRA=_EXTRA,
-    end_live=_end_live,
-    fail_live=_fail_live,
-    record_first=_record,
-    get=_get_context,
-    set=_set_context,
-    reset=_reset_context,
-    now=_time_ns,
-    KEY=_SPAN_KEY,
-)
+def bindings() -> dict[str, Any]:
+    """What the wrappers compiled by _wrap call: chiptrace.api binds them once, at import
+    (`_wrap.bind(**_live.bindings())`), before anything can be decorated. Here rather than
+    in _span, which Live builds on."""
+    return dict(
+        Live=Live,
+        parent_ids=_parent_ids,
+        EXTRA=_EXTRA,
+        end_live=_end_live,
+        fail_live=_fail_live,
+        record_first=_record,
+        start=_start,
+        get=_get_context,
+        set=_set_context,
+        reset=_reset_context,
+        now=_time_ns,
+        KEY=_SPAN_KEY,
+    )

@@ -77,16 +77,23 @@ def batch_to_readable_spans(batch: pa.RecordBatch | pa.Table) -> Iterator[Readab
         )
 
 
+# Spans per export() call: the SDK's OTEL_BSP_MAX_EXPORT_BATCH_SIZE default.
+EXPORT_BATCH_SPANS = 512
+
+
 class ExporterSink:
-    """Feeds any OpenTelemetry `SpanExporter` from the recorder's writer thread."""
+    """Feeds any OpenTelemetry `SpanExporter`, on a thread of its own (lifecycle wraps it
+    in chiptrace._sinkqueue.QueuedSink), in calls of EXPORT_BATCH_SPANS spans."""
 
     def __init__(self, exporter: Any, config: Config | None = None) -> None:
         self.exporter = exporter
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        result = self.exporter.export(list(batch_to_readable_spans(batch)))
-        if getattr(result, "name", "SUCCESS") != "SUCCESS":
-            raise RuntimeError(f"{type(self.exporter).__name__} returned {result.name}")
+    def write(self, batch: pa.RecordBatch | pa.Table) -> None:
+        for start in range(0, batch.num_rows, EXPORT_BATCH_SPANS):
+            part = batch.slice(start, EXPORT_BATCH_SPANS)
+            result = self.exporter.export(list(batch_to_readable_spans(part)))
+            if getattr(result, "name", "SUCCESS") != "SUCCESS":
+                raise RuntimeError(f"{type(self.exporter).__name__} returned {result.name}")
 
     def close(self) -> None:
         self.exporter.shutdown()

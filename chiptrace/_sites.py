@@ -1,42 +1,73 @@
-"""Span sites: the constant part of a span (name, kind, chip/link/op tags), numbered once.
+"""Span sites and tag sets: the constant part of a span, interned by value, numbered once.
 
 A decorated function, or a `span("name", chip=...)` call site, produces spans that differ
 only in ids and times. The row it buffers carries the site's small number instead of the
 name and the Tags object, so a row is a tuple of ints (which the garbage collector stops
 tracking), and the writer thread turns the site numbers into columns with one NumPy take
 per column (chiptrace._fastrows) instead of a Python loop per span.
+
+Tags are interned by their four strings (`tags`): the same chip/link/op/precision is the
+same Tags object however many spans name it, so a site keyed by the Tags' identity is a
+site keyed by value, and cycling the 5,112 link ids of a 72-GPU rack costs what 100 do
+once each has been seen. Both tables are bounded (MAX_TAGS, MAX_SITES): past the bound a
+span carries its name and tags in a general row, correct and slower.
+
+Free threading: every write to the tables happens under `_lock`, and readers without the
+lock only ever look a key up in `_index`/`_by_value`, which is published last: a reader
+that finds a number finds the list entries behind it (list appends and dict stores are
+atomic in CPython with or without the GIL: per-object locks in the free-threaded build).
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
+from chiptrace.vocab import NO_TAGS, Tags
 
-from chiptrace.schema import TAG_COLUMNS, Tags
-
-# Names made per call (f"step {i}") would grow the table without end: past this many
-# sites a span carries its name and tags in its row instead (the slower, general row).
-MAX_SITES = 1 << 16
+# Names made per call (f"step {i}") would grow the tables without end. 131,072 holds the
+# 100,000 distinct link ids of the largest racks chiptrace models, at ~0.5 KB each.
+MAX_SITES = 1 << 17
+MAX_TAGS = 1 << 17
 
 _lock = threading.Lock()
 _index: dict[tuple[str, int, int], int] = {}
 NAMES: list[str] = []
 KINDS: list[int] = []
 TAGS: list[Tags] = []  # keeps each Tags alive, so the id() in _index stays its own
+_by_value: dict[tuple[str | None, str | None, str | None, str | None], Tags] = {
+    (None, None, None, None): NO_TAGS
+}
+
+
+def tags(chip: str | None, link: str | None, op: str | None, precision: str | None) -> Tags:
+    """The one Tags object of these values (checked once, when first seen).
+
+    Raises:
+        ChipError: an unknown chip, link, op kind or precision.
+    """
+    key = (chip, link, op, precision)
+    found = _by_value.get(key)
+    if found is not None:
+        return found
+    built = Tags.build(chip=chip, link=link, op=op, precision=precision)
+    if len(_by_value) >= MAX_TAGS:
+        return built  # the table is full: a Tags of its own, whose spans take general rows
+    with _lock:
+        return _by_value.setdefault(key, built)
 
 
 def site(name: Any, tags: Tags, kind: int) -> int:
     """The number of the site (name, tags, kind); -1 when it cannot have one (a name
     that is not a string, or a full table): such spans write the general row."""
+    if name.__class__ is not str:
+        return -1  # checked first: a name that is not hashable must not raise here
     key = (name, id(tags), kind)
     found = _index.get(key)
     if found is not None:
         return found
-    if name.__class__ is not str or len(NAMES) >= MAX_SITES:
+    if len(NAMES) >= MAX_SITES:
         return -1
     with _lock:
         found = _index.get(key)
@@ -49,48 +80,18 @@ def site(name: Any, tags: Tags, kind: int) -> int:
     return found
 
 
-@dataclass
-class SiteColumns:
-    """Per-site column values, for NumPy takes by site number (built on the writer thread)."""
-
-    n: int
-    name_codes: np.ndarray  # per-site index into name_dict (names repeat across tags)
-    name_dict: pa.Array
-    kinds: np.ndarray
-    has_attributes: np.ndarray  # sites whose decorator set static attributes
-    codes: dict[str, np.ndarray]  # tag column -> per-site index into dicts[col], -1: null
-    dicts: dict[str, pa.Array]
+def snapshot(start: int) -> tuple[list[str], list[int], list[Tags]]:
+    """Names, kinds and tags of sites start.. as they are now, read under the lock (three
+    lists appended one after another are consistent only there)."""
+    with _lock:
+        n = len(NAMES)
+        return NAMES[start:n], KINDS[start:n], TAGS[start:n]
 
 
-_cached: SiteColumns | None = None
+def _after_fork_in_child() -> None:
+    """A fork while another thread held the lock would leave the child's copy held."""
+    global _lock
+    _lock = threading.Lock()
 
 
-def columns(needed: int) -> SiteColumns:
-    """Column values of sites 0..n-1, n >= `needed` (rebuilt when sites were added)."""
-    global _cached
-    got = _cached
-    if got is not None and got.n >= needed:
-        return got
-    n = len(NAMES)
-    tags, names, kinds = TAGS[:n], NAMES[:n], KINDS[:n]
-    codes: dict[str, np.ndarray] = {}
-    dicts: dict[str, pa.Array] = {}
-    for col in TAG_COLUMNS:
-        values = [getattr(t, col) for t in tags]
-        distinct = list(dict.fromkeys(v for v in values if v is not None))
-        where = {v: i for i, v in enumerate(distinct)}
-        codes[col] = np.array([where.get(v, -1) for v in values], dtype=np.int32)
-        dicts[col] = pa.array(distinct, pa.string())
-    distinct_names = list(dict.fromkeys(names))
-    where_name = {v: i for i, v in enumerate(distinct_names)}
-    got = SiteColumns(
-        n=n,
-        name_codes=np.array([where_name[v] for v in names], dtype=np.int32),
-        name_dict=pa.array(distinct_names, pa.string()),
-        kinds=np.array(kinds, dtype=np.int8),
-        has_attributes=np.array([t.attributes is not None for t in tags], dtype=bool),
-        codes=codes,
-        dicts=dicts,
-    )
-    _cached = got
-    return got
+os.register_at_fork(after_in_child=_after_fork_in_child)

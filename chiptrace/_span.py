@@ -25,7 +25,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
@@ -36,8 +36,7 @@ from chiptrace import _sites, _wrap
 from chiptrace import config as _config
 from chiptrace._traceparent import remote_parent_from_env
 from chiptrace.errors import ConfigError
-from chiptrace.recorder import Recorder
-from chiptrace.schema import (
+from chiptrace.vocab import (
     SPAN_KIND_CLIENT,
     SPAN_KIND_CONSUMER,
     SPAN_KIND_INTERNAL,
@@ -48,6 +47,9 @@ from chiptrace.schema import (
     STATUS_UNSET,
     Tags,
 )
+
+if TYPE_CHECKING:
+    from chiptrace.recorder import Recorder
 
 _time_ns = time.time_ns
 _rng = random.Random()
@@ -125,7 +127,8 @@ class _State:
     @enabled.setter
     def enabled(self, value: bool) -> None:
         self._enabled = bool(value)
-        _wrap.G["ON"] = self._enabled
+        _wrap.G["OFF"] = not self._enabled
+        _wrap.G["ON"] = self._enabled and self._recorder is not None
 
     @property
     def remote_root(self) -> tuple[int, int] | None:
@@ -145,6 +148,45 @@ class _State:
     def recorder(self, value: Recorder | None) -> None:
         self._recorder = value
         _wrap.G["REC"] = value
+        # A decorated call sees ON false until a recorder runs, and starts one (_start)
+        # before it reads its clock: chiptrace's start-up never lands inside a span.
+        _wrap.G["ON"] = self._enabled and value is not None
+
+
+def _start() -> bool:
+    """The first traced call without init(): start the recorder, before the span's start
+    time is taken. True when spans are recorded now."""
+    return (_STATE.recorder or _STATE.auto_init()) is not None
+
+
+try:
+    # OpenTelemetry span limits (init() sets them again from its resolved settings).
+    LIMITS = _config.span_limits()
+except ConfigError:
+    LIMITS = _config.SpanLimits()  # resolve() reports the bad value when init() runs
+
+
+# The two limits set_attribute reads on every call, as plain globals (set_limits).
+_ATTRIBUTES_LIMIT = LIMITS.attributes
+_VALUE_LIMIT = LIMITS.value_length
+
+
+def set_limits(limits: _config.SpanLimits) -> None:
+    """Apply span limits (init() calls this with its resolved settings)."""
+    global LIMITS, _ATTRIBUTES_LIMIT, _VALUE_LIMIT
+    LIMITS, _ATTRIBUTES_LIMIT, _VALUE_LIMIT = limits, limits.attributes, limits.value_length
+
+
+def _clip(value: Any) -> Any:
+    """A string attribute value cut to OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT (lists: each)."""
+    limit = LIMITS.value_length
+    if limit is None:
+        return value
+    if value.__class__ is str:
+        return value[:limit]
+    if isinstance(value, (list, tuple)):
+        return [v[:limit] if v.__class__ is str else v for v in value]
+    return value
 
 
 _STATE = _State()
@@ -177,6 +219,8 @@ class Span(otel_trace.Span):
         "tags",
         "start_ns",
         "end_ns",
+        "_token",
+        "_owner",
     )
     start_ns: int  # set by whoever opens the span, right after construction
 
@@ -185,6 +229,8 @@ class Span(otel_trace.Span):
     links: list[tuple[bytes, int, Any]] | None = None
     status_code = STATUS_UNSET
     status_message: str | None = None
+    _token: Any  # the context token of the `with chiptrace.span(...)` entry that opened it
+    _owner: Any  # that chiptrace.span object while the entry is open, else None
 
     def __init__(
         self,
@@ -204,6 +250,7 @@ class Span(otel_trace.Span):
         self.kind = kind
         self.tags = tags
         self.end_ns = 0
+        self._owner = None
 
     @property
     def trace_id(self) -> bytes:
@@ -220,16 +267,20 @@ class Span(otel_trace.Span):
     def set_attribute(self, key: str, value: Any) -> None:
         if self.end_ns:
             return _ended(self, "set_attribute")
-        if self.attributes is None:
-            self.attributes = {}
-        self.attributes[key] = value
+        attrs = self.attributes
+        if attrs is None:
+            if _ATTRIBUTES_LIMIT:
+                self.attributes = {key: value if _VALUE_LIMIT is None else _clip(value)}
+            return
+        if len(attrs) >= _ATTRIBUTES_LIMIT and key not in attrs:
+            return  # past OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT: dropped, as the SDK does
+        attrs[key] = value if _VALUE_LIMIT is None else _clip(value)
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         if self.end_ns:
             return _ended(self, "set_attributes")
-        if self.attributes is None:
-            self.attributes = {}
-        self.attributes.update(attributes)
+        for key, value in attributes.items():
+            self.set_attribute(key, value)
 
     def add_event(
         self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None
@@ -238,6 +289,8 @@ class Span(otel_trace.Span):
             return _ended(self, "add_event")
         if self.events is None:
             self.events = []
+        elif len(self.events) >= LIMITS.events:
+            return  # past OTEL_SPAN_EVENT_COUNT_LIMIT
         self.events.append(
             (name, timestamp or _time_ns(), dict(attributes) if attributes else None)
         )
@@ -249,6 +302,8 @@ class Span(otel_trace.Span):
             return
         if self.links is None:
             self.links = []
+        elif len(self.links) >= LIMITS.links:
+            return  # past OTEL_SPAN_LINK_COUNT_LIMIT
         self.links.append(
             (context.trace_id.to_bytes(16, "big"), context.span_id, dict(attributes or {}))
         )
@@ -338,6 +393,8 @@ def _parent_ids(parent: Any, sid: int) -> tuple[int, int, int]:
 
 
 def _open(name: str, tags: Tags, kind: int) -> tuple[Span, Any]:
+    if _STATE._recorder is None and _STATE._enabled:
+        _STATE.auto_init()  # before the start time: the start-up is not the span's
     ctx = _get_context()
     sid = _new_id()
     th, tl, pid = _parent_ids(ctx.get(_SPAN_KEY), sid)

@@ -3,8 +3,9 @@
 Its source is generated with the function's own parameters (`def f(x, y=_d0, *, k)`
 calls `fn(x, y, k=k)`: no *args tuple or **kwargs dict per call) and its site number
 (chiptrace._sites: name, kind, tags) written in as a literal; everything else it reads
-is a global of one shared dict, G, that chiptrace._span keeps current (the enabled
-flag, the recorder, the id counter). A call then costs: a flag check, the parent from
+is a global of one shared dict, G: the functions it calls, bound once by chiptrace.api
+(`bind`), and the process state chiptrace._span keeps current (the enabled flag, the
+recorder, the id counter). A call then costs: a flag check, the parent from
 the context, an id, a `Live` tuple in a new context dict, two clock reads and one list
 append. Functions whose signature cannot be read (some builtins) get the same body
 with `*args, **kwargs`.
@@ -20,14 +21,33 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-# Filled in by chiptrace._span at import (and kept current by its _State setters).
-G: dict[str, Any] = {"ON": True, "REC": None, "REMOTE": None}
+# The compiled wrappers' globals. Two kinds: the functions and constants they call, bound
+# once by chiptrace.api (`bind`, from chiptrace._live.bindings()), and the process state
+# they read, which chiptrace._span keeps current as it changes (its _State setters: ON,
+# OFF, REC, REMOTE; its id reseed after fork: new_id, HI).
+G: dict[str, Any] = {"ON": False, "OFF": False, "REC": None, "REMOTE": None}
+_CALLS = frozenset(
+    "Live parent_ids EXTRA end_live fail_live record_first start get set reset now KEY".split()
+)
+
+
+def bind(**names: Any) -> None:
+    """Bind the functions and constants the compiled body calls (see G).
+
+    Raises:
+        TypeError: a name the body does not read, or one it reads left out.
+    """
+    if set(names) != _CALLS:
+        raise TypeError(f"_wrap.bind: expected {sorted(_CALLS)}, got {sorted(names)}")
+    G.update(names)
+
 
 _BODY = """
 def make(fn, {defaults}):
     def wrapper({params}):
-        if not ON:
-            return fn({args})
+        if not ON:  # tracing off, or not started yet: start() starts it (once)
+            if OFF or not start():
+                return fn({args})
         _ct_ctx = get()
         _ct_parent = _ct_ctx.get(KEY)
         _ct_sid = new_id()
@@ -72,7 +92,7 @@ def make(fn, {defaults}):
 _GENERIC: tuple[str, str, list[str]] = ("*args, **kwargs", "*args, **kwargs", [])
 # Globals the body reads: a parameter of the same name would shadow one.
 _RESERVED = frozenset(
-    "fn make ON REC REMOTE HI KEY Live get set reset now new_id parent_ids fail_live "
+    "fn make ON OFF start REC REMOTE HI KEY Live get set reset now new_id parent_ids fail_live "
     "end_live record_first EXTRA".split()
 )
 
@@ -128,6 +148,8 @@ def _compiled(params: str, args: str, n_defaults: int, site: int) -> Any:
 
 def wrap(fn: Callable[..., Any], site: int) -> Callable[..., Any]:
     """The traced version of the plain function `fn`, whose spans are site `site`."""
+    if not _CALLS <= G.keys():
+        raise RuntimeError("chiptrace._wrap: bind() has not run (chiptrace.api binds it)")
     params, args, defaults = _signature(fn)
     namespace: dict[str, Any] = {}
     exec(_compiled(params, args, len(defaults), site), G, namespace)  # noqa: S102

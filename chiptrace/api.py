@@ -14,8 +14,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from chiptrace import _device, _sites, _wrap
-from chiptrace import _live as _live  # fills _wrap's globals (the compiled wrappers' names)
+from chiptrace import _device, _live, _sites, _wrap
 from chiptrace import _span as _span_mod
 from chiptrace._span import (
     _KINDS,
@@ -34,7 +33,10 @@ from chiptrace._span import (
 )
 from chiptrace.errors import ConfigError
 from chiptrace.lifecycle import flush, get_recorder, init, shutdown
-from chiptrace.schema import NO_TAGS, SPAN_KIND_INTERNAL, Tags
+from chiptrace.vocab import NO_TAGS, SPAN_KIND_INTERNAL, Tags
+
+# The one binding of what the compiled @trace wrappers call (chiptrace._wrap.G).
+_wrap.bind(**_live.bindings())
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -53,9 +55,7 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=4096)
-def _tags(chip: str | None, link: str | None, op: str | None, precision: str | None) -> Tags:
-    return Tags.build(chip=chip, link=link, op=op, precision=precision)
+_tags = _sites.tags  # interned by value: one Tags per distinct chip/link/op/precision
 
 
 def _make_tags(
@@ -289,7 +289,12 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         ChipError: unknown chip, link, op kind or precision.
     """
 
-    __slots__ = ("_name", "_tags", "_kind", "_span", "_token", "_attributes")
+    # Each entry's context token lives on the Span it opens (`_token`, with `_owner` this
+    # object), and an exit ends the current span when it is one of this object's: so one
+    # object can be entered again while open (nested, by threads, by asyncio tasks) and
+    # each exit ends its own entry. `_last` is the fallback for a block that left another
+    # context current (a library that attached and never detached).
+    __slots__ = ("_name", "_tags", "_kind", "_last", "_attributes")
 
     def __init__(
         self,
@@ -308,13 +313,15 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         self._tags = _tags(chip, link, op, precision) if tagged else NO_TAGS
         self._attributes = attributes
         self._kind = SPAN_KIND_INTERNAL if kind is _INTERNAL else _kind(kind)
-        self._span: Span | None = None
-        self._token: Any = None
+        self._last: Span | None = None
         if (device_time or _device.DEFAULT) and _device.wanted(device_time, self._tags, name):
             self.__class__ = _device.span_class(span)  # GPU-timed enter and exit (_device.py)
 
     def __enter__(self) -> Span:
         # _open, inlined: a Python call level costs ~0.05 us of the ~1 us budget.
+        st = _STATE
+        if st._recorder is None and st._enabled:
+            st.auto_init()  # before the start time: the start-up is not the span's
         ctx = _get_context()
         parent = ctx.get(_SPAN_KEY)
         s = _new_span(Span)  # Span.__init__'s stores, without its call frame
@@ -324,27 +331,49 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         else:
             s.trace_hi, s.trace_lo, s.parent_id = _parent_ids(parent, sid)
         s.name, s.kind, s.tags = self._name, self._kind, self._tags
-        s.end_ns = 0 if _STATE.enabled else -1  # -1: never recorded; still a valid parent
+        s.end_ns = 0 if st._enabled else -1  # -1: never recorded; still a valid parent
         if self._attributes:
             s.attributes = dict(self._attributes)
         if len(ctx) == (parent is not None):  # the context holds only the parent span
-            self._token = _set_context({_SPAN_KEY: s})
+            s._token = _set_context({_SPAN_KEY: s})
         else:
-            self._token = _set_context({**ctx, _SPAN_KEY: s})
-        self._span = s
+            s._token = _set_context({**ctx, _SPAN_KEY: s})
+        s._owner = self
+        self._last = s
         s.start_ns = _time_ns()
         return s
 
+    def _pop(self) -> Span | None:
+        """The span of the entry now exiting: the current span when it is one of ours (the
+        usual case, whatever thread or task), else the latest entry if still open; None
+        when there is none (an exit without its enter)."""
+        cur = _get_context().get(_SPAN_KEY)
+        if cur.__class__ is Span and cur._owner is self:
+            cur._owner = None
+            return cur
+        return self._fallback()
+
+    def _fallback(self) -> Span | None:
+        last = self._last
+        if last is not None and last._owner is self:
+            last._owner = None
+            return last
+        return None
+
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        s = self._span
-        if s is None:
-            return
         end = _time_ns()
+        s = _get_context().get(_SPAN_KEY)  # _pop, inlined
+        if s.__class__ is Span and s._owner is self:
+            s._owner = None
+        else:
+            s = self._fallback()
+            if s is None:
+                return
         if exc is not None:
             s._fail(exc)
         try:
-            _reset_context(self._token)
-        except ValueError:
+            _reset_context(s._token)
+        except (ValueError, RuntimeError):
             pass  # the token belongs to another context (a task or thread took over)
         if s.end_ns:
             return  # ended already (end() in the block), or tracing is off

@@ -24,6 +24,20 @@ ENV_RUN_ID = "CHIPTRACE_RUN_ID"
 ENV_FLUSH_INTERVAL = "CHIPTRACE_FLUSH_INTERVAL"
 ENV_FLUSH_SPANS = "CHIPTRACE_FLUSH_SPANS"
 ENV_MAX_BUFFERED = "CHIPTRACE_MAX_BUFFERED"
+ENV_MAX_BUFFERED_BYTES = "CHIPTRACE_MAX_BUFFERED_BYTES"
+# How long exit (atexit, shutdown()) waits for the last flush and the sinks' close; what is
+# not written by then is counted as dropped in the manifest (a SIGTERM: chiptrace._exit).
+ENV_SHUTDOWN_TIMEOUT = "CHIPTRACE_SHUTDOWN_TIMEOUT"
+# Sinks other than the store (OpenTelemetry SpanExporters, OTLP) each run on a queue and
+# thread of their own: spans queued at most, and how long one export may take (the SDK's
+# BatchSpanProcessor variable, in milliseconds) before the sink counts as hung.
+ENV_SINK_QUEUE_SPANS = "CHIPTRACE_SINK_QUEUE_SPANS"
+ENV_EXPORT_TIMEOUT = "OTEL_BSP_EXPORT_TIMEOUT"
+# OpenTelemetry span limits (the SDK's names and defaults; value length: no limit unless set).
+ENV_ATTRIBUTE_COUNT_LIMIT = "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"
+ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+ENV_EVENT_COUNT_LIMIT = "OTEL_SPAN_EVENT_COUNT_LIMIT"
+ENV_LINK_COUNT_LIMIT = "OTEL_SPAN_LINK_COUNT_LIMIT"
 ENV_OTEL_SERVICE = "OTEL_SERVICE_NAME"
 ENV_OTEL_RESOURCE = "OTEL_RESOURCE_ATTRIBUTES"
 ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -41,6 +55,13 @@ DEFAULT_ROOT = "chiptrace-traces"
 DEFAULT_FLUSH_INTERVAL_S = 2.0
 DEFAULT_FLUSH_SPANS = 200_000
 DEFAULT_MAX_BUFFERED = 1_000_000
+DEFAULT_MAX_BUFFERED_BYTES = 512 << 20
+# The SDK's export timeout: a healthy store writes a full 1M-span buffer well within it
+# even on a loaded machine (~15 s on 2 busy cores); a hung one costs exit no more.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+DEFAULT_SINK_QUEUE_SPANS = 200_000
+DEFAULT_EXPORT_TIMEOUT_MS = 30_000
+DEFAULT_COUNT_LIMIT = 128
 DEFAULT_SAMPLE_INTERVAL_S = 0.1  # host sampler: 10 Hz
 MIN_SAMPLE_INTERVAL_S = 0.01
 
@@ -72,6 +93,42 @@ class Config:
     max_buffered: int = DEFAULT_MAX_BUFFERED
     otlp_endpoint: str | None = None
     host: str = field(default_factory=socket.gethostname)
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    sink_queue_spans: int = DEFAULT_SINK_QUEUE_SPANS
+    export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_MS / 1000
+    limits: SpanLimits = field(default_factory=lambda: SpanLimits())
+
+
+@dataclass(frozen=True)
+class SpanLimits:
+    """OpenTelemetry span limits: what a span keeps of its attributes, events and links
+    (the rest is dropped, as the SDK does). `value_length` None: strings kept whole."""
+
+    attributes: int = DEFAULT_COUNT_LIMIT
+    value_length: int | None = None
+    events: int = DEFAULT_COUNT_LIMIT
+    links: int = DEFAULT_COUNT_LIMIT
+
+
+def span_limits(env: Mapping[str, str] | None = None) -> SpanLimits:
+    """The OTEL_SPAN_*_COUNT_LIMIT / OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT variables.
+
+    Raises:
+        ConfigError: a value that is not a whole number >= 0.
+    """
+    env = os.environ if env is None else env
+
+    def read(name: str, default: int | None) -> int | None:
+        raw = env.get(name, "").strip()
+        return default if raw == "" else int(_parse_number(name, raw, int, 0))
+
+    return SpanLimits(
+        attributes=read(ENV_ATTRIBUTE_COUNT_LIMIT, DEFAULT_COUNT_LIMIT) or 0,
+        value_length=read(ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT, None),
+        events=read(ENV_EVENT_COUNT_LIMIT, DEFAULT_COUNT_LIMIT) or 0,
+        links=read(ENV_LINK_COUNT_LIMIT, DEFAULT_COUNT_LIMIT) or 0,
+    )
 
 
 def parse_bool(name: str, raw: str | bool) -> bool:
@@ -183,6 +240,18 @@ def resolve(env: Mapping[str, str] | None = None, **kwargs: Any) -> Config:
     flush_spans = _parse_number(name, raw, int, 1)
     name, raw = pick("max_buffered", ENV_MAX_BUFFERED, DEFAULT_MAX_BUFFERED)
     max_buffered = _parse_number(name, raw, int, 1)
+    name, raw = pick("max_buffered_bytes", ENV_MAX_BUFFERED_BYTES, DEFAULT_MAX_BUFFERED_BYTES)
+    max_bytes = _parse_number(name, raw, int, 1)
+    name, raw = pick("shutdown_timeout_s", ENV_SHUTDOWN_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT_S)
+    shutdown_timeout = _parse_number(name, raw, float, 0)
+    name, raw = pick("sink_queue_spans", ENV_SINK_QUEUE_SPANS, DEFAULT_SINK_QUEUE_SPANS)
+    sink_queue = _parse_number(name, raw, int, 1)
+    name, raw = pick("export_timeout_s", None, None)
+    if raw is None:
+        raw_ms = env.get(ENV_EXPORT_TIMEOUT, "") or DEFAULT_EXPORT_TIMEOUT_MS
+        export_timeout = _parse_number(ENV_EXPORT_TIMEOUT, raw_ms, float, 1) / 1000
+    else:
+        export_timeout = _parse_number(name, raw, float, 0.001)
     _, otlp = pick("otlp_endpoint", ENV_OTLP_TRACES_ENDPOINT, None)
     otlp = otlp or (
         env.get(ENV_OTLP_ENDPOINT) or None if kwargs.get("otlp_endpoint") is None else None
@@ -198,6 +267,11 @@ def resolve(env: Mapping[str, str] | None = None, **kwargs: Any) -> Config:
         max_buffered=max_buffered,
         otlp_endpoint=otlp,
         host=host,
+        max_buffered_bytes=max_bytes,
+        shutdown_timeout_s=shutdown_timeout,
+        sink_queue_spans=sink_queue,
+        export_timeout_s=export_timeout,
+        limits=span_limits(env),
     )
 
 

@@ -8,19 +8,20 @@ EXTENSIONS, which chiptrace/__init__.py fills before any of this can run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import multiprocessing.util
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from chiptrace import _span
 from chiptrace import config as _config
 from chiptrace._span import _STATE
 from chiptrace.errors import ConfigError
 from chiptrace.recorder import Recorder, SpanSink, StoreSink, cancel_exit, on_exit
-from chiptrace.store import PartWriter
 
 
 class Sampler(Protocol):
@@ -91,30 +92,75 @@ def init(
     Raises:
         ConfigError: a bad setting; StoreError: the directory cannot be created.
     """
-    sample_on, interval = _config.resolve_sampling(sample_host, sample_interval)
-    cfg = _config.resolve(
-        dir=dir,
+    return _init(
+        dir,
         service=service,
         enabled=enabled,
+        exporters=exporters,
+        sinks=sinks,
         resource=resource,
+        manifest=manifest,
         flush_interval_s=flush_interval_s,
         flush_spans=flush_spans,
         max_buffered=max_buffered,
         otlp_endpoint=otlp_endpoint,
         run_id=run_id,
+        sample_host=sample_host,
+        sample_interval=sample_interval,
     )
+
+
+def _init(
+    dir: str | os.PathLike[str] | None = None,  # noqa: A002
+    *,
+    exporters: Iterable[Any] = (),
+    sinks: Iterable[SpanSink] = (),
+    manifest: Mapping[str, Any] | None = None,
+    sample_host: bool | None = None,
+    sample_interval: float | None = None,
+    deferred: bool = False,
+    **settings: Any,
+) -> Recorder | None:
+    """init(), and the zero-configuration start (`deferred`: the store, and with it
+    NumPy and pyarrow, is set up on the writer thread at its first flush)."""
+    sample_on, interval = _config.resolve_sampling(sample_host, sample_interval)
+    cfg = _config.resolve(dir=dir, **settings)
+    if cfg.enabled and not _gil_enabled():
+        logging.getLogger("chiptrace").warning(
+            "chiptrace: tracing disabled: this Python runs without the GIL "
+            "(free-threaded build), which chiptrace's span buffer relies on"
+        )
+        cfg = dataclasses.replace(cfg, enabled=False)
     with _STATE.lock:
         old, _STATE.recorder = _STATE.recorder, None
         if old is not None:
             _release(old)
         _stop_sampler()
         _STATE.enabled = cfg.enabled
+        _span.set_limits(cfg.limits)
         if not cfg.enabled:
             return None
-        _STATE.recorder = _build_recorder(cfg, exporters, sinks, manifest)
+        _STATE.recorder = _build_recorder(cfg, exporters, sinks, manifest, deferred)
         if sample_on:
             _STATE.sampler = _start_sampler(cfg, interval)
         return _STATE.recorder
+
+
+def _gil_enabled() -> bool:
+    """False on a free-threaded CPython running without its GIL (3.13t and later).
+
+    Why chiptrace refuses to record there: the hot path appends a row to the recorder's
+    current chunk without a lock (`cur = rec.cur; cur.append(row)`, chiptrace._wrap), and
+    a thread that fills a chunk swaps in a new list and freezes the old one into a tuple
+    (Recorder.roll). With the GIL no other thread runs between another thread's read of
+    `rec.cur` and its append (the interpreter hands the GIL over only where it checks its
+    eval breaker: function entry, backward jumps and after a call returns, never between
+    loading `rec.cur` and the append), so no row lands in a frozen chunk. Without
+    the GIL one could, and be lost. A lock per span would cost ~0.1 us of the ~0.8 us
+    budget; per-thread chunks are the way to lift this (a later change).
+    """
+    probe = getattr(sys, "_is_gil_enabled", None)
+    return True if probe is None else bool(probe())
 
 
 def _build_recorder(
@@ -122,27 +168,52 @@ def _build_recorder(
     exporters: Iterable[Any],
     sinks: Iterable[SpanSink],
     manifest: Mapping[str, Any] | None,
+    deferred: bool = False,
 ) -> Recorder:
-    from chiptrace._otel import ExporterSink, sdk_otlp_sink  # the OTel SDK: only when asked
+    facts = {"run_id": cfg.run_id, "service": cfg.service, "source": "code", **(manifest or {})}
+    others = _other_sinks(cfg, exporters, sinks)
 
-    writer = PartWriter(
-        cfg.dir,
-        manifest={
-            "run_id": cfg.run_id,
-            "service": cfg.service,
-            "source": "code",
-            **(manifest or {}),
-        },
-    )
-    all_sinks: list[SpanSink] = [StoreSink(writer), *sinks]
-    all_sinks += [ExporterSink(e, cfg) for e in exporters]
-    if cfg.otlp_endpoint:
-        all_sinks.append((EXTENSIONS.otlp_sink or sdk_otlp_sink)(cfg))
-    rec = Recorder(cfg, all_sinks, writer)
-    on_exit(rec.shutdown)
+    def store() -> tuple[list[SpanSink], Any]:
+        from chiptrace.store import PartWriter  # pyarrow: only where the store is made
+
+        writer = PartWriter(cfg.dir, manifest=facts)
+        return [StoreSink(writer)], writer
+
+    if deferred:
+        rec = Recorder(cfg, others, setup=store)
+    else:
+        first, writer = store()
+        rec = Recorder(cfg, [*first, *others], writer)
+    on_exit(rec.shutdown, takes_timeout=True)
     # multiprocessing children leave through os._exit, skipping atexit; its finalizers run.
-    _finalizers[id(rec)] = multiprocessing.util.Finalize(rec, rec.shutdown, exitpriority=100)
+    # Such a child has multiprocessing loaded already; others need not pay its import (5 ms).
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        _finalizers[id(rec)] = mp_util.Finalize(rec, rec.shutdown, exitpriority=100)
     return rec
+
+
+def _other_sinks(
+    cfg: _config.Config, exporters: Iterable[Any], sinks: Iterable[SpanSink]
+) -> list[SpanSink]:
+    """Every sink but the store, each on its own bounded queue and thread (_sinkqueue): a
+    slow or hung exporter never holds up the store, the program or its exit."""
+    from chiptrace._sinkqueue import QueuedSink
+
+    out: list[Any] = list(sinks)
+    exporters = list(exporters)
+    if exporters or cfg.otlp_endpoint:
+        from chiptrace._otel import ExporterSink, sdk_otlp_sink  # the OTel SDK: only when asked
+
+        out += [ExporterSink(e, cfg) for e in exporters]
+        if cfg.otlp_endpoint:
+            out.append((EXTENSIONS.otlp_sink or sdk_otlp_sink)(cfg))
+    return [
+        s
+        if getattr(s, "queued", False)
+        else QueuedSink(s, cfg.sink_queue_spans, cfg.export_timeout_s)
+        for s in out
+    ]
 
 
 # The Finalize holds rec.shutdown, a strong reference: a replaced recorder must cancel it
@@ -151,9 +222,11 @@ _finalizers: dict[int, Any] = {}
 
 
 def _release(rec: Recorder) -> None:
-    """Flush and stop a recorder, and drop every reference chiptrace kept to it."""
-    rec.shutdown()
-    _forget(rec)
+    """Flush and stop a recorder, and drop every reference chiptrace kept to it. One that
+    could not finish now (shutdown() from a signal handler during its flush) keeps its
+    exit hook: exit then waits for it, within the shutdown timeout."""
+    if rec.shutdown() or rec.gave_up:
+        _forget(rec)
 
 
 def _forget(rec: Recorder) -> None:
@@ -192,7 +265,7 @@ def _auto_init() -> Recorder | None:
         try:
             cfg = _STATE.fork_config
             if cfg is not None:
-                return init(
+                return _init(
                     cfg.dir,
                     service=cfg.service,
                     run_id=cfg.run_id,
@@ -200,8 +273,9 @@ def _auto_init() -> Recorder | None:
                     flush_interval_s=cfg.flush_interval_s,
                     flush_spans=cfg.flush_spans,
                     max_buffered=cfg.max_buffered,
+                    deferred=True,
                 )
-            return init()
+            return _init(deferred=True)
         except Exception as e:  # noqa: BLE001 - tracing must not crash the traced program
             logging.getLogger("chiptrace").warning("chiptrace: tracing disabled: %s", e)
             _STATE.enabled = False

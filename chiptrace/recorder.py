@@ -6,6 +6,16 @@ collector). A daemon thread
 flushes by size and by interval, and at exit, to every sink: the Parquet store, any
 OpenTelemetry SpanExporter, a live feed. The traced program never waits on a sink and
 never sees a sink's exception: a full buffer drops and counts, a failing sink is logged.
+
+Importing this module loads no Arrow: NumPy and pyarrow load where the writer first
+converts (`_convert`, `flush`), or in `__init__` for a recorder given its sinks. The
+zero-configuration start (`setup=`) builds its store on the writer thread at the first
+flush, so nothing of chiptrace's start-up lands inside the program's first span.
+
+Deadlines: `flush()` waits for another flush at most the shutdown timeout and returns at
+once when it interrupted its own thread's flush (a signal handler); `shutdown()` has the
+writer thread do the last flush and waits at most its timeout, then counts what is left
+as dropped in the manifest.
 """
 
 from __future__ import annotations
@@ -18,20 +28,22 @@ import collections
 import concurrent.futures.thread  # noqa: F401
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
-from chiptrace import _fastrows
+from chiptrace import _exit
 from chiptrace._exit import cancel_exit, on_exit
+from chiptrace._writer import SpanSink, StoreSink, convert, emit, row_bytes, warm_up, why
 from chiptrace.config import Config
 from chiptrace.errors import ChipError
-from chiptrace.schema import SPAN_SCHEMA, dumps
-from chiptrace.store import PartWriter
+from chiptrace.vocab import dumps
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from chiptrace.store import PartWriter
 
 log = logging.getLogger("chiptrace")
 __all__ = ["Recorder", "SpanSink", "StoreSink", "describe", "on_exit", "cancel_exit"]
@@ -41,46 +53,15 @@ CHUNK = 1024  # rows per buffer chunk
 PEEK_WAIT_S = 10.0  # see Recorder.peek
 
 
-def _why(e: BaseException) -> str:
-    """An OS error's plain reason ("No space left on device"); pyarrow's own OSErrors
-    carry the errno only inside their message."""
-    code = getattr(e, "errno", None)
-    found = re.search(r"\[errno (\d+)\]", str(e), re.IGNORECASE)
-    if code is None and found:
-        code = int(found.group(1))
-    return os.strerror(code) if code else str(e).splitlines()[0]
-
-
-class SpanSink(Protocol):
-    """Anything that receives finished spans as Arrow batches, on the writer thread."""
-
-    def write(self, batch: pa.RecordBatch) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class StoreSink:
-    """The Parquet store as a sink: one part per flush."""
-
-    takes_tables = True  # a whole flush in one call, no re-batching
-
-    def __init__(self, writer: PartWriter) -> None:
-        self.writer = writer
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        self.writer.write(batch)
-
-    def close(self) -> None:
-        self.writer.close()  # the manifest says the writer has ended (a viewer shows ENDED)
-
-
 class Recorder:
     """Buffers spans and hands them to sinks from one writer thread.
 
     Args:
-        config: resolved settings (flush interval and size, buffer bound, identity).
+        config: resolved settings (flush interval and size, buffer bounds, identity).
         sinks: destinations; the store is usually the first.
         writer: the PartWriter whose manifest records drop counts (optional).
+        setup: builds (sinks, writer) on the writer thread at the first flush, instead of
+            `sinks` and `writer` now (the zero-configuration start: see the module doc).
     """
 
     def __init__(
@@ -88,22 +69,27 @@ class Recorder:
         config: Config,
         sinks: Iterable[SpanSink] = (),
         writer: PartWriter | None = None,
+        *,
+        setup: Callable[[], tuple[list[SpanSink], PartWriter | None]] | None = None,
     ) -> None:
         self.config = config
         self.sinks: list[SpanSink] = list(sinks)
         self.writer = writer
+        self._setup = setup
         # The buffer: the traced threads append rows to `cur`; every CHUNK rows `roll`
         # turns it into a tuple. Rows are tuples of ints and strings, so once a collection
         # has seen them the garbage collector untracks them, and then the chunk tuples:
         # a million buffered spans cost the collector nothing.
         self.max_buffered = config.max_buffered
+        self.max_bytes = config.max_buffered_bytes
         self.chunk_rows = min(CHUNK, self.max_buffered)
         self.cur: list[Any] = []
         self._full: collections.deque[tuple[Any, ...]] = collections.deque()
         self._full_rows = 0
+        self._full_bytes = 0
         self._roll_lock = threading.Lock()
         self.dropped = 0
-        self.sink_errors = 0
+        self._sink_errors = 0
         self.spans_flushed = 0
         self.spans_rejected = 0  # of `dropped`: spans with a value that fits no column
         self._dropped_recorded = 0
@@ -112,12 +98,17 @@ class Recorder:
         self.store_error: str | None = None  # the first failure of the first sink (the store)
         self._batches: collections.deque[pa.RecordBatch] = collections.deque()
         self._batch_rows = 0
+        self._batch_bytes = 0
         self._drop_lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._shutdown_lock = threading.Lock()
+        self._flush_owner: int | None = None  # the thread flushing now
         self._space = threading.Condition()
         self._wake = threading.Event()
+        self._done = threading.Event()  # the writer thread has closed the sinks
         self._stop = False
+        self.gave_up = False  # shutdown() ran out of time (see _give_up)
+        self._close_by: float | None = None  # monotonic deadline of the last close
+        self._in_flight = 0  # spans a flush took and has not handed to the sinks yet
         self._last_flush = time.monotonic()
         # Called before each flush and at each wake of the writer thread (final=True once,
         # at shutdown): they hand in spans they held back, e.g. GPU-timed spans whose CUDA
@@ -131,27 +122,24 @@ class Recorder:
             "scope": "chiptrace",
             "resource": dumps(resource),
         }
-        self._warm_up()
+        if setup is None:
+            warm_up(self.constants)
         self._thread = threading.Thread(target=self._run, name="chiptrace-writer", daemon=True)
         self._thread.start()
 
-    def _warm_up(self) -> None:
-        """Convert a few rows once now (~0.1 s): the first conversion imports and sets up
-        what NumPy and pyarrow need (pa.array imports pandas where installed), and on the
-        writer thread that would hold the GIL while the program runs."""
-        from chiptrace import _sites
-        from chiptrace.schema import NO_TAGS
-
-        site = _sites.site("chiptrace.warm-up", NO_TAGS, 1)
-        rows: list[tuple[Any, ...]] = [(site, 1, 1, 1, 0, 1, 2)]
-        if site < 0:
-            rows = []
-        rows.append((NO_TAGS, 1, 1, 2, 1, 1, 2, "w", 1, 0, None, {"a": 1}, None, None))
+    def _set_up(self) -> None:
+        """Build the deferred sinks (under the flush lock, before the first flush)."""
+        setup, self._setup = self._setup, None
+        if setup is None:
+            return
         try:
-            batches, _ = _fastrows.convert(rows, self.constants)
-            pa.Table.from_batches(batches, SPAN_SCHEMA).combine_chunks()
-        except Exception:  # noqa: BLE001 - a warm-up failure shows again at the first flush
-            log.debug("chiptrace: warm-up conversion failed", exc_info=True)
+            sinks, writer = setup()
+        except Exception as e:  # noqa: BLE001 - tracing must never crash the program
+            log.warning("chiptrace: tracing stopped: %s", e)
+            self.store_error = why(e)
+            return
+        self.sinks, self.writer = [*sinks, *self.sinks], writer
+        warm_up(self.constants)
 
     # ------------------------------------------------------------ ingest
 
@@ -185,9 +173,19 @@ class Recorder:
         if room < len(rows):
             self.drop(len(rows) - max(room, 0))
             rows = rows[: max(room, 0)]
-        if rows:
-            self._full.append(tuple(rows))
-            self._full_rows += len(rows)
+        if not rows:
+            return
+        size = row_bytes(rows)
+        if self._full_bytes + size > self.max_bytes:  # keep what fits, at the chunk's mean
+            fits = max(self.max_bytes - self._full_bytes, 0) * len(rows) // size
+            self.drop(len(rows) - fits)
+            self._wake.set()
+            rows, size = rows[:fits], size * fits // len(rows)
+            if not rows:
+                return
+        self._full.append(tuple(rows))
+        self._full_rows += len(rows)
+        self._full_bytes += size
 
     def chunks(self) -> list[tuple[Any, ...]]:
         """The full chunks buffered now (for tests and diagnostics)."""
@@ -220,10 +218,16 @@ class Recorder:
             block: wait for room instead of dropping (for producers that can be slowed,
                 like the emulator; a traced program must never block).
         """
+        from chiptrace.schema import SPAN_SCHEMA
+
         if not batch.schema.equals(SPAN_SCHEMA, check_metadata=False):
             raise ChipError("write_batch expects the span schema; build it with batch_from_columns")
+        size = batch.nbytes
         with self._space:
-            while self._batch_rows + batch.num_rows > self.max_buffered and self._batch_rows:
+            while self._batch_rows and (
+                self._batch_rows + batch.num_rows > self.max_buffered
+                or self._batch_bytes + size > self.max_bytes
+            ):
                 if not block or self._stop:
                     self.drop(batch.num_rows)
                     return False
@@ -231,9 +235,15 @@ class Recorder:
                 self._space.wait(0.5)
             self._batches.append(batch)
             self._batch_rows += batch.num_rows
+            self._batch_bytes += size
         if self._batch_rows >= self.config.flush_spans:
             self._wake.set()
         return True
+
+    @property
+    def sink_errors(self) -> int:
+        """Failed sink writes: the writer's own, and those of sinks on their own threads."""
+        return self._sink_errors + sum(getattr(s, "errors", 0) for s in self.sinks)
 
     @property
     def pending(self) -> int:
@@ -246,49 +256,26 @@ class Recorder:
             cur, self.cur = self.cur, []
             self._keep(cur)
             chunks = list(self._full)
+            self._in_flight = self._full_rows + self._batch_rows  # until emitted
             self._full.clear()
             self._full_rows = 0
+            self._full_bytes = 0
         out = self._convert(chunks) if chunks else []
         with self._space:
             while self._batches:
                 out.append(self._batches.popleft())
             self._batch_rows = 0
+            self._batch_bytes = 0
             self._space.notify_all()
         return out
 
     def _convert(self, chunks: list[tuple[Any, ...]]) -> list[pa.RecordBatch]:
-        """Rows to batches slice by slice; on the writer thread the GIL goes to the
-        program's threads between chunks (see chiptrace._fastrows)."""
         yielding = threading.current_thread() is self._thread
-        conv = _fastrows.Converter(self.constants, _fastrows.pause if yielding else None)
-        failed = 0
-        for part in chunks:
-            try:
-                conv.add(part)
-            except Exception:  # noqa: BLE001 - a bug in the conversion must not kill the writer
-                log.exception("chiptrace: could not convert %d buffered spans; dropped", len(part))
-                failed += len(part)
-            if yielding:
-                _fastrows.pause()
-            if conv.due:
-                lost = conv.lost
-                try:
-                    conv.build()
-                except Exception:  # noqa: BLE001
-                    log.exception("chiptrace: could not convert buffered spans; dropped")
-                    failed += conv.lost - lost
-                if yielding:
-                    _fastrows.pause()
-        try:
-            out = conv.finish()
-        except Exception:  # noqa: BLE001
-            log.exception("chiptrace: could not convert buffered spans; dropped")
-            failed += conv.lost
-            out = conv.batches
+        out, failed, bad = convert(chunks, self.constants, yielding)
         if failed:
             self.drop(failed)
-        if conv.bad:
-            self._reject(conv.bad)
+        if bad:
+            self._reject(bad)
         return out
 
     def _reject(self, rejected: Mapping[int, str]) -> None:
@@ -299,55 +286,76 @@ class Recorder:
         more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
         log.warning("chiptrace: dropped a span with a bad value: %s%s", first, more)
 
-    def flush(self) -> int:
-        """Hand everything buffered to the sinks now; returns the spans flushed."""
-        with self._flush_lock:
-            self._last_flush = time.monotonic()
-            self._resolve(False)
-            batches = self._take()
-            total = sum(b.num_rows for b in batches)
-            if total:
-                # combine_chunks and the Parquet encoding run in C++ without the GIL.
-                table = pa.Table.from_batches(batches, SPAN_SCHEMA).combine_chunks()
-                self._emit(table)
-                self.spans_flushed += total
-            if self.writer is not None and (total or self.dropped != self._dropped_recorded):
-                self._update_manifest()
-            return total
+    def flush(self, timeout_s: float | None = None) -> int:
+        """Hand everything buffered to the sinks now; returns the spans flushed.
 
-    def _emit(self, table: pa.Table) -> None:
-        batches: list[pa.RecordBatch] | None = None
-        for i, sink in enumerate(self.sinks):
-            try:
-                if getattr(sink, "takes_tables", False):
-                    sink.write(table)
-                else:
-                    if batches is None:
-                        batches = table.to_batches(max_chunksize=1 << 20)
-                    for batch in batches:
-                        sink.write(batch)
-            except Exception as e:  # noqa: BLE001 - sinks never raise into the traced program
-                self.sink_errors += 1
-                if i == 0:
-                    self.drop(table.num_rows)
-                    self.store_error = self.store_error or _why(e)
-                # One line when a sink starts failing (a full disk fails every flush).
-                if i not in self._failing:
-                    self._failing.add(i)
-                    log.warning("chiptrace: sink %s failed: %s", type(sink).__name__, e)
-            else:
-                self._failing.discard(i)
+        Safe from any thread and from a signal handler: a call that interrupted its own
+        thread's flush returns 0 at once (that flush writes these spans), and a flush in
+        progress elsewhere is waited for at most `timeout_s` (default: the shutdown
+        timeout), after which this call returns 0.
+        """
+        me = threading.get_ident()
+        if self._flush_owner == me:
+            return 0
+        wait = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+        if not self._flush_lock.acquire(timeout=max(wait, 0.0)):
+            return 0
+        self._flush_owner = me
+        _exit._flushing.add(me)
+        try:
+            total = self._flush_locked()
+        finally:
+            self._flush_owner = None
+            self._flush_lock.release()
+            _exit._flushing.discard(me)
+            _exit.after_flush()  # a SIGTERM during this flush ends the process now
+        if threading.current_thread() is not self._thread:
+            self._wait_sinks(wait)  # an explicit flush: the queued sinks have it too
+        return total
+
+    def _wait_sinks(self, timeout_s: float) -> None:
+        """Wait for the sinks on their own threads (at once past a hung one)."""
+        deadline = time.monotonic() + timeout_s
+        for sink in self.sinks:
+            wait = getattr(sink, "wait", None)
+            if wait is not None:
+                wait(max(deadline - time.monotonic(), 0.0))
+
+    def _flush_locked(self) -> int:
+        self._last_flush = time.monotonic()
+        if self._setup is not None:
+            self._set_up()
+        self._resolve(False)
+        batches = self._take()
+        total = sum(b.num_rows for b in batches)
+        if total:
+            import pyarrow as pa
+
+            from chiptrace.schema import SPAN_SCHEMA
+
+            # combine_chunks and the Parquet encoding run in C++ without the GIL.
+            table = pa.Table.from_batches(batches, SPAN_SCHEMA).combine_chunks()
+            emit(self, table)
+            self.spans_flushed += total
+        self._in_flight = 0
+        if self.writer is not None and (total or self.dropped != self._dropped_recorded):
+            self._update_manifest()
+        return total
 
     def _update_manifest(self) -> None:
         if self.writer is None:
             return
         dropped = self.dropped
+        counts = {
+            "spans_dropped": dropped,
+            "spans_rejected": self.spans_rejected,
+            "sink_errors": self.sink_errors,
+        }
+        sink_dropped = sum(getattr(s, "dropped", 0) for s in self.sinks[1:])
+        if sink_dropped:
+            counts["sink_spans_dropped"] = sink_dropped
         try:
-            self.writer.write_manifest(
-                spans_dropped=dropped,
-                spans_rejected=self.spans_rejected,
-                sink_errors=self.sink_errors,
-            )
+            self.writer.write_manifest(**counts)
             self._dropped_recorded = dropped
         except OSError as e:
             if "manifest" not in self._failing_names:
@@ -363,6 +371,25 @@ class Recorder:
             due = time.monotonic() - self._last_flush >= interval
             if self.pending >= self.config.flush_spans or (due and self.pending):
                 self.flush()
+        self._finish()
+
+    def _finish(self) -> None:
+        """The last flush and the sinks' close (on the writer thread, at shutdown)."""
+        try:
+            self._resolve(True)
+            self.flush()
+            deadline = self._close_by or time.monotonic() + self.config.shutdown_timeout_s
+            for sink in self.sinks:
+                try:
+                    close = sink.close
+                    if getattr(sink, "queued", False):  # its own thread: within what is left
+                        close(max(deadline - time.monotonic(), 0.0))  # type: ignore[call-arg]
+                    else:
+                        close()
+                except Exception as e:  # noqa: BLE001
+                    log.warning("chiptrace: closing %s failed: %s", type(sink).__name__, e)
+        finally:
+            self._done.set()
 
     def _resolve(self, final: bool) -> None:
         for resolve in self.resolvers:
@@ -376,6 +403,7 @@ class Recorder:
     def abandon(self) -> None:
         """Forget buffered spans and sinks without writing (a forked child's inherited copy)."""
         self._stop = True
+        self._setup = None
         self.cur = []
         self._full = collections.deque()
         self._full_rows = 0
@@ -383,23 +411,49 @@ class Recorder:
         self._batch_rows = 0
         self.sinks = []
         self.writer = None
+        self._done.set()
 
-    def shutdown(self) -> None:
-        """Flush what is buffered, stop the thread, close the sinks. Idempotent, and safe
-        from two threads at once (an exit hook and the program's own shutdown())."""
-        with self._shutdown_lock:
-            if self._stop:
-                return
-            self._stop = True
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Flush what is buffered, stop the thread, close the sinks, within `timeout_s`
+        (default: the shutdown timeout). Returns False when it ran out of time: what was
+        not written then is counted as dropped in the manifest.
+
+        Idempotent, and safe from two threads at once (an exit hook and the program's own
+        shutdown()) and from a signal handler that interrupted a flush (it returns at
+        once; the writer thread finishes when that flush has)."""
+        wait = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + max(wait, 0.0)
+        self._close_by = min(self._close_by or deadline, deadline)  # the sinks' close too
+        self._stop = True
         self._wake.set()
-        self._thread.join(timeout=10)
-        self._resolve(True)
-        self.flush()
-        for sink in self.sinks:
-            try:
-                sink.close()
-            except Exception as e:  # noqa: BLE001
-                log.warning("chiptrace: closing %s failed: %s", type(sink).__name__, e)
+        if self._flush_owner == threading.get_ident() or self._thread is threading.current_thread():
+            return False  # it would wait on itself: the writer finishes when this returns
+        if not self._thread.is_alive() and not self._done.is_set():
+            self._finish()  # the writer thread is gone (it never started, or it failed)
+        if self._done.wait(max(deadline - time.monotonic(), 0.0)):
+            return True
+        self._give_up(wait)
+        return False
+
+    def _give_up(self, waited: float) -> None:
+        """Count what the deadline left unwritten and say so, on a thread of its own (a
+        hung file system would hang the manifest write too)."""
+        self.gave_up = True
+        lost = self.pending + self._in_flight  # buffered, and taken but not yet written
+        self.drop(lost)
+        log.warning(
+            "chiptrace: exit did not finish writing within %.1f s; %d buffered spans dropped",
+            waited,
+            lost,
+        )
+        done = threading.Event()
+
+        def record() -> None:
+            self._update_manifest()
+            done.set()
+
+        threading.Thread(target=record, name="chiptrace-manifest", daemon=True).start()
+        done.wait(0.3)
 
 
 def describe(recorder: Recorder) -> Mapping[str, Any]:

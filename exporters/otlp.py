@@ -145,6 +145,8 @@ class OtlpSink:
         batch_spans: spans per OTLP request.
     """
 
+    queued = True  # its own bounded queue and thread: the recorder runs it as it is
+
     def __init__(
         self,
         endpoint: str | None = None,

@@ -75,16 +75,18 @@ async def test_sql_console_runs_and_shows_errors(rack_dir: Path) -> None:
         await pilot.press("enter")
         grid = app.query_one("#sql-result")
         await until(pilot, lambda: grid.row_count == 1, "the query result")
-        assert "8120" in screen_text(app)
+        await until(pilot, lambda: "8120" in screen_text(app), "the result on screen")
         app.query_one("#sql-input").value = "selec nonsense"
         await pilot.press("enter")
         await until(pilot, lambda: console.has_class("-error"), "the query error")
-        assert "SQL error" in screen_text(app)
+        await until(pilot, lambda: "SQL error" in screen_text(app), "the error on screen")
         box = app.query_one("#sql-input")
         await pilot.press("up")
-        assert box.value == "selec nonsense"
+        await until(pilot, lambda: box.value == "selec nonsense", "the last query back")
         await pilot.press("up")
-        assert box.value == "select count(*) as n from spans"
+        await until(
+            pilot, lambda: box.value == "select count(*) as n from spans", "the first query back"
+        )
 
 
 def test_critical_path_is_the_reports_or_an_error(rack_dir: Path) -> None:

@@ -1,0 +1,68 @@
+"""OpenTelemetry span limits by their OTEL_* names, and the buffer bounded in bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import chiptrace
+from chiptrace import config
+from chiptrace.errors import ConfigError
+from tests.conftest import spans_by_name
+
+
+def test_span_limits_from_the_otel_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "3")
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "5")
+    monkeypatch.setenv("OTEL_SPAN_EVENT_COUNT_LIMIT", "2")
+    monkeypatch.setenv("OTEL_SPAN_LINK_COUNT_LIMIT", "1")
+    out = tmp_path / "t"
+    chiptrace.init(out, flush_interval_s=3600)
+    try:
+        with chiptrace.span("outer") as o:
+            ctx = o.get_span_context()
+            with chiptrace.span("s") as s:
+                for i in range(10):
+                    s.set_attribute(f"k{i}", "abcdefgh")
+                s.set_attribute("k0", "again")  # a key it has: replaced, not refused
+                for i in range(5):
+                    s.add_event(f"e{i}")
+                s.add_link(ctx)
+                s.add_link(ctx)
+        (row,) = spans_by_name(out)["s"]
+    finally:
+        monkeypatch.delenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT")
+        monkeypatch.delenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+        monkeypatch.delenv("OTEL_SPAN_EVENT_COUNT_LIMIT")
+        monkeypatch.delenv("OTEL_SPAN_LINK_COUNT_LIMIT")
+        chiptrace.init(tmp_path / "u")  # the limits back to their defaults
+        chiptrace.shutdown()
+    attrs = json.loads(row["attributes"])
+    assert attrs == {"k0": "again", "k1": "abcde", "k2": "abcde"}
+    assert [e["name"] for e in json.loads(row["events"])] == ["e0", "e1"]
+    assert len(json.loads(row["links"])) == 1
+
+
+def test_bad_limit_is_one_line_naming_it() -> None:
+    with pytest.raises(ConfigError, match="OTEL_SPAN_EVENT_COUNT_LIMIT='many'"):
+        config.span_limits({"OTEL_SPAN_EVENT_COUNT_LIMIT": "many"})
+
+
+def test_buffer_is_bounded_in_bytes(tmp_path: Path) -> None:
+    rec = chiptrace.init(tmp_path / "t", flush_interval_s=3600, flush_spans=10**9)
+    assert rec is not None
+    rec.max_bytes = 2 << 20  # 2 MiB: about a thousand rows carrying a 1 KB attribute
+    try:
+        for _ in range(5000):
+            with chiptrace.span("big") as s:
+                s.set_attribute("blob", "x" * 1000)
+        assert rec.dropped > 0
+        assert rec._full_bytes <= rec.max_bytes
+        kept = chiptrace.flush()
+        assert 0 < kept < 5000 and kept + rec.dropped == 5000
+    finally:
+        chiptrace.shutdown()
