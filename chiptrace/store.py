@@ -165,9 +165,16 @@ class PartWriter:
                 f"cannot write to trace dir {self.directory}: {e.strerror or e}"
             ) from e
 
-    def write(self, batch: pa.RecordBatch | pa.Table, partition: str | None = None) -> Path:
+    def write(
+        self,
+        batch: pa.RecordBatch | pa.Table,
+        partition: str | None = None,
+        name: str | None = None,
+    ) -> Path:
         """Write one part; returns its path. Thread-safe: threads encode parts at once (the
-        encoding releases the GIL); the counters move when a part is in place."""
+        encoding releases the GIL); the counters move when a part is in place. `name`: the
+        file's name instead of `part-<writer>-<seq>.parquet` (chiptrace collect names parts
+        after the log records they hold)."""
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         with self._lock:
             self._seq += 1
@@ -176,7 +183,7 @@ class PartWriter:
         if partition:
             folder = folder / partition
             folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"part-{self.writer_id}-{seq:06d}{PART_SUFFIX}"
+        path = folder / (name or f"part-{self.writer_id}-{seq:06d}{PART_SUFFIX}")
         write_atomic(path, lambda tmp: pq.write_table(table, tmp, **self._options))
         with self._lock:
             if self.table == SPANS_DIR:
@@ -333,7 +340,7 @@ def good_parts(
 # A part's temporary name while it is written: `.part-HOST-PID-NONCE-SEQ.parquet.HEX.tmp`
 # (a manifest's: `.HOST-PID-NONCE.json.HEX.tmp`); see write_atomic and new_writer_id.
 _TEMP = re.compile(
-    r"^\.(?:part-)?(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{6}(?:-\d+)?\.\w+\.[0-9a-f]+\.tmp$"
+    r"^\.(?:part-)?(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{6}(?:-\d+)*\.\w+\.[0-9a-f]+\.tmp$"
 )
 STALE_TEMP_S = 3600.0
 

@@ -25,7 +25,9 @@ from chiptrace.collector.receiver import (
 )
 from chiptrace.collector.sink import PartitionedStoreSink
 from chiptrace.collector.spool import Spool, SpoolLimits
-from chiptrace.errors import ConfigError
+from chiptrace.collector.wal import WriteAheadLog
+from chiptrace.collector.wal_replay import replay
+from chiptrace.errors import ConfigError, StoreError
 from chiptrace.store import PartWriter
 
 
@@ -85,6 +87,7 @@ class CollectSummary:
     refused: int
     unwritten: int
     error: str
+    recovered: int = 0
 
     def line(self) -> str:
         text = (
@@ -92,8 +95,16 @@ class CollectSummary:
             f"({self.rejected:,} spans rejected, {self.bad_requests:,} bad requests, "
             f"{self.refused:,} refused with 503)"
         )
+        if self.recovered:
+            text += (
+                f"; before that, {self.recovered:,} spans a stopped collector had acknowledged "
+                "and not written, from its write-ahead log"
+            )
         if self.unwritten:
-            text += f"; {self.unwritten:,} acknowledged spans could NOT be written: {self.error}"
+            text += (
+                f"; {self.unwritten:,} acknowledged spans could NOT be written yet ({self.error}):"
+                " they stay in the write-ahead log for the next collect on this directory"
+            )
         return text
 
 
@@ -120,6 +131,17 @@ class Collector:
             options.out, manifest={"partition_by": list(options.partition_by), **options.manifest}
         )
         self.sink = PartitionedStoreSink(self.writer, options.partition_by)
+        # The log's lock first: a second collector on the directory must not replay it too.
+        self.wal = WriteAheadLog(Path(options.out), self.writer.writer_id)
+        try:
+            self.recovered = replay(
+                Path(options.out), self.writer, options.partition_by, options.flush_spans
+            )
+        except (OSError, pa.ArrowException) as e:
+            self.wal.close(0, lambda: None)
+            raise StoreError(
+                f"cannot store what the write-ahead log in {self.wal.folder} holds: {e}"
+            ) from e
         limits = SpoolLimits(
             flush_interval_s=options.flush_interval_s,
             flush_spans=options.flush_spans,
@@ -128,7 +150,13 @@ class Collector:
             max_bytes=plan.spool,
             min_free_bytes=options.min_free_bytes,
         )
-        self.spool = Spool(self.sink, limits, disk=Path(options.out))
+        self.spool = Spool(
+            self.sink,
+            limits,
+            disk=Path(options.out),
+            wal=self.wal,
+            on_written=lambda last: self.wal.release_through(last, self.sink.sync_dirs),
+        )
         self.receiver = OtlpReceiver(
             self._take,
             http=options.http,
@@ -156,6 +184,7 @@ class Collector:
             self.receiver.start()
         except BaseException:
             self.spool.close()
+            self.wal.close(self.spool.written_through, self.sink.sync_dirs)
             raise
         return self
 
@@ -165,6 +194,7 @@ class Collector:
         if self._summary is None:
             self.receiver.stop()
             self.spool.close()
+            self.wal.close(self.spool.written_through, self.sink.sync_dirs)
             updates = {"spans_unwritten": self.spool.unwritten} if self.spool.unwritten else {}
             try:
                 self.writer.close(**updates)  # ended_unix_ns: a viewer following says ENDED
@@ -179,6 +209,7 @@ class Collector:
                 refused=s.refused,
                 unwritten=self.spool.unwritten,
                 error=self.spool.last_error,
+                recovered=self.recovered,
             )
         return self._summary
 

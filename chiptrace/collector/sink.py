@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chiptrace.collector.spool import PartialWrite, StoreUnavailable
+from chiptrace.collector.wal import PartTag
 from chiptrace.errors import ConfigError
 from chiptrace.store import SPANS_DIR, PartWriter
 
@@ -124,6 +127,8 @@ class PartitionedStoreSink:
         self.writer = writer
         self.partition_by = tuple(partition_by)
         self._ready: set[str] = set()
+        self._unsynced: set[Path] = set()  # folders with parts renamed in since sync_dirs
+        self._dirs_lock = threading.Lock()
 
     def prepare(self, batch: pa.RecordBatch) -> None:
         """Create the folders a request's spans will go to, before it is acknowledged, so
@@ -149,28 +154,51 @@ class PartitionedStoreSink:
                 self._ready.clear()
             self._ready.add(path)
 
-    def write(self, table: pa.Table) -> None:
-        """Write `table` as one part per partition, then the manifest.
+    def write(
+        self, table: pa.Table, tag: PartTag | None = None, skip: frozenset[str] = frozenset()
+    ) -> None:
+        """Write `table` as one part per partition (named after `tag`), then the manifest.
+        `skip`: partition paths ("" unpartitioned) that already hold this tag's part.
 
         Raises:
             PartialWrite: some partitions failed; their rows are in `unwritten`.
         """
-        if not self.partition_by:
-            self.writer.write(table)
-        else:
-            failed: list[pa.Table] = []
-            errors: list[Exception] = []
-            for path, rows in partition_groups(table, self.partition_by).items():
-                part = table.take(pa.array(rows))
-                try:
-                    self.writer.write(part, partition=path)
-                except Exception as e:  # noqa: BLE001 - one partition must not cost the others
-                    failed.append(part)
-                    errors.append(e)
-            if failed:
-                self._update_manifest()
-                raise PartialWrite(pa.concat_tables(failed), errors[0])
+        name = tag.name if tag is not None else None
+        groups = partition_groups(table, self.partition_by) if self.partition_by else {"": None}
+        failed: list[pa.Table] = []
+        errors: list[Exception] = []
+        for path, rows in groups.items():
+            if path in skip:
+                continue
+            part = table if rows is None else table.take(pa.array(rows))
+            try:
+                written = self.writer.write(part, partition=path or None, name=name)
+            except Exception as e:  # noqa: BLE001 - one partition must not cost the others
+                failed.append(part)
+                errors.append(e)
+                continue
+            with self._dirs_lock:
+                self._unsynced.add(written.parent)
         self._update_manifest()
+        if failed:
+            raise PartialWrite(pa.concat_tables(failed), errors[0])
+
+    def sync_dirs(self) -> None:
+        """Make the renames of the parts written so far durable (before the log records
+        they hold are deleted)."""
+        with self._dirs_lock:
+            dirs, self._unsynced = self._unsynced, set()
+        for d in dirs:
+            try:
+                fd = os.open(d, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def _update_manifest(self) -> None:
         try:
