@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 import zlib
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from chiptrace.collector.budget import BudgetExhausted, Reservation
+from chiptrace.collector.budget import DECODE_FACTOR, BudgetExhausted, Reservation
 
 if TYPE_CHECKING:
     from chiptrace.collector.receiver import OtlpReceiver
@@ -35,6 +35,8 @@ _JSON = ("application/json",)
 _INFLATE_STEP = 1 << 20
 _MAX_CHUNK_LINE = 1024
 _MAX_TRAILERS = 64
+_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: str.isdigit() takes "\xb2" (a 500 once)
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 class RequestError(Exception):
@@ -49,7 +51,7 @@ class RequestError(Exception):
         self.close = close
 
 
-def _inflate(body: bytes, limit: int, grow: Callable[[int], None]) -> bytes:
+def _inflate(body: bytes, limit: int, reservation: Reservation | None) -> bytes:
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     out: list[bytes] = []
     total = 0
@@ -61,16 +63,19 @@ def _inflate(body: bytes, limit: int, grow: Callable[[int], None]) -> bytes:
             total += len(chunk)
             if total > limit:
                 raise RequestError(413, f"request inflates past the {limit}-byte limit")
-            grow(len(chunk))
+            if reservation is not None:  # the body's decode share covers the first bytes
+                reservation.need(len(body) + total * (1 + DECODE_FACTOR))
             out.append(chunk)
     except zlib.error as e:
         raise RequestError(400, f"bad gzip body: {e}") from None
     if not inflater.eof:
         raise RequestError(400, "truncated gzip body")
+    if reservation is not None:
+        reservation.base = len(body)
     return b"".join(out)
 
 
-def _read_chunked(rfile: Any, limit: int, grow: Callable[[int], None]) -> bytes:
+def _read_chunked(rfile: Any, limit: int, reservation: Reservation | None) -> bytes:
     """A `Transfer-Encoding: chunked` body (RFC 9112 section 7.1), trailers dropped."""
     parts: list[bytes] = []
     total = 0
@@ -78,18 +83,17 @@ def _read_chunked(rfile: Any, limit: int, grow: Callable[[int], None]) -> bytes:
         line = rfile.readline(_MAX_CHUNK_LINE)
         if not line.endswith(b"\n"):
             raise RequestError(400, "truncated chunked body", close=True)
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise RequestError(400, f"bad chunk size line {line[:40]!r}", close=True) from None
-        if size < 0:
+        size_text = line.split(b";", 1)[0].strip()
+        if not _HEX.fullmatch(size_text):
             raise RequestError(400, f"bad chunk size line {line[:40]!r}", close=True)
+        size = int(size_text, 16)
         if size == 0:
             break
         total += size
         if total > limit:
             raise RequestError(413, f"chunked request over the {limit}-byte limit", close=True)
-        grow(size)
+        if reservation is not None:  # its size shows only as it arrives; never waited for
+            reservation.grow(size)
         data = rfile.read(size)
         if len(data) < size or rfile.readline(_MAX_CHUNK_LINE) not in (b"\r\n", b"\n"):
             raise RequestError(400, "truncated chunked body", close=True)
@@ -103,49 +107,87 @@ def _read_chunked(rfile: Any, limit: int, grow: Callable[[int], None]) -> bytes:
 def read_body(
     headers: Any, rfile: Any, limit: int, reservation: Reservation | None = None
 ) -> bytes:
-    """The request body, de-chunked and decompressed, within `limit` bytes; the bytes are
-    reserved in `reservation` before they are read.
+    """The request body, de-chunked and decompressed, within `limit` bytes. With a
+    Content-Length, the memory to read and decode it is taken from `reservation` once,
+    before it is read; a chunked or gzip body takes more as it shows, never waiting.
 
     Raises:
-        RequestError: 411 without a length or chunked encoding, 413 over the limit, 415 an
-            unknown encoding, 400 a truncated or broken body, 503 no memory to read it.
+        RequestError: 400 a malformed length, two lengths, a truncated or broken body;
+            411 without a length or chunked encoding, 413 over the limit, 415 an unknown
+            encoding, 503 no memory for it now (the body is read and dropped first, so the
+            client reads the answer).
         TimeoutError: the client stopped sending for the socket's timeout.
     """
-    grow = reservation.grow if reservation is not None else (lambda n: None)
     try:
-        body = _read_raw(headers, rfile, limit, grow)
+        body = _read_raw(headers, rfile, limit, reservation)
         encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
         if encoding == "gzip":
-            return _inflate(body, limit, grow)
+            return _inflate(body, limit, reservation)
         if encoding != "identity":
             raise RequestError(
                 415, f"Content-Encoding {encoding!r} not supported; use gzip or none"
             )
         return body
     except BudgetExhausted as e:
-        raise RequestError(503, str(e), retry_after_s=1, close=True) from None
+        retry = reservation.budget.retry_after() if reservation is not None else 1
+        raise RequestError(503, str(e), retry_after_s=retry, close=True) from None
 
 
-def _read_raw(headers: Any, rfile: Any, limit: int, grow: Callable[[int], None]) -> bytes:
+def _drain(rfile: Any, n: int) -> bool:
+    """Read and drop `n` body bytes (at most _DRAIN_MAX); whether all were read."""
+    if n > _DRAIN_MAX:
+        return False
+    while n > 0 and (chunk := rfile.read(min(n, 1 << 20))):
+        n -= len(chunk)
+    return n == 0
+
+
+def content_length(headers: Any) -> int | None:
+    """The Content-Length, None without one.
+
+    Raises:
+        RequestError: 400 a value that is not ASCII digits, or several that differ.
+    """
+    values = headers.get_all("Content-Length") or []
+    found = {v.strip() for v in values}
+    if not found:
+        return None
+    if len(found) > 1:
+        raise RequestError(
+            400, f"conflicting Content-Length headers: {', '.join(sorted(found))}", close=True
+        )
+    text = found.pop()
+    if not _DIGITS.fullmatch(text):
+        raise RequestError(400, f"malformed Content-Length {text[:40]!r}", close=True)
+    return int(text)
+
+
+def _read_raw(headers: Any, rfile: Any, limit: int, reservation: Reservation | None) -> bytes:
     transfer = (headers.get("Transfer-Encoding") or "").strip().lower()
+    n = content_length(headers)
     if transfer:
+        if n is not None:  # RFC 9112 6.3: a request smuggling attempt, or a broken proxy
+            raise RequestError(400, "both Transfer-Encoding and Content-Length", close=True)
         if transfer != "chunked":
             raise RequestError(
                 411, f"Transfer-Encoding {transfer!r} not supported; use chunked", close=True
             )
-        return _read_chunked(rfile, limit, grow)
-    raw_len = headers.get("Content-Length")
-    if raw_len is None or not raw_len.strip().isdigit():
+        return _read_chunked(rfile, limit, reservation)
+    if n is None:
         raise RequestError(411, "Content-Length or chunked encoding required", close=True)
-    n = int(raw_len)
     if n > limit:
-        if n <= _DRAIN_MAX:  # read and drop it, so the client gets to read our answer
-            while n > 0 and (chunk := rfile.read(min(n, 1 << 20))):
-                n -= len(chunk)
+        drained = _drain(rfile, n)  # so the client gets to read our answer
         raise RequestError(
-            413, f"request of {raw_len} bytes is over the {limit}-byte limit", close=True
+            413, f"request of {n} bytes is over the {limit}-byte limit", close=not drained
         )
-    grow(n)
+    if reservation is not None:
+        try:  # the body and decoding it, taken once (a gzip body takes more as it inflates)
+            reservation.need(n * (1 + DECODE_FACTOR))
+        except BudgetExhausted as e:
+            drained = _drain(rfile, n)
+            raise RequestError(
+                503, str(e), retry_after_s=reservation.budget.retry_after(), close=not drained
+            ) from None
     body = rfile.read(n)
     if len(body) < n:
         raise RequestError(400, f"truncated body: {len(body)} of {n} bytes", close=True)

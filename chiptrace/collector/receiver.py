@@ -251,21 +251,24 @@ class OtlpReceiver:
                 raise RequestError(503, "the collector is shutting down", retry_after_s=5)
             self._inflight += 1
         try:
-            if reservation is not None:
-                reservation.grow(len(body) * DECODE_FACTOR)
-            return self._handle(body, content_type)
+            if reservation is not None:  # a no-op where the length was known up front
+                reservation.need(reservation.base + len(body) * (1 + DECODE_FACTOR))
+            return self._handle(body, content_type, reservation)
         except BudgetExhausted as e:
-            raise RequestError(503, str(e), retry_after_s=1) from None
+            raise RequestError(503, str(e), retry_after_s=self.budget.retry_after()) from None
         finally:
             with self._idle:
                 self._inflight -= 1
                 self._idle.notify_all()
 
-    def _handle(self, body: bytes, content_type: str) -> Decoded:
+    def _handle(self, body: bytes, content_type: str, reservation: Reservation | None) -> Decoded:
         try:
             decoded = decode(body, content_type)
         except DecodeError as e:
             raise RequestError(400, str(e)) from None
+        if reservation is not None:  # the body, the batch and its log record remain
+            batch_bytes = decoded.batch.get_total_buffer_size()
+            reservation.shrink(reservation.base + len(body) + 2 * batch_bytes)
         if decoded.note:
             self._notes.add(1, decoded.note)
         if decoded.batch.num_rows:

@@ -158,7 +158,7 @@ class Spool:
         n, size = batch.num_rows, batch.get_total_buffer_size()
         if not n:
             return
-        payload = encode(batch) if self.wal is not None else b""
+        payload = encode(batch) if self.wal is not None else memoryview(b"")
         seq = self._enqueue(batch, n, size, payload)
         if self.wal is not None:
             try:
@@ -168,7 +168,7 @@ class Spool:
                     f"cannot sync the write-ahead log: {e.strerror or e}", retry_after_s=5
                 ) from None
 
-    def _enqueue(self, batch: pa.RecordBatch, n: int, size: int, payload: bytes) -> int:
+    def _enqueue(self, batch: pa.RecordBatch, n: int, size: int, payload: memoryview) -> int:
         lim = self.limits
         with self._cond:
             self._refuse_if_unable(size)

@@ -52,12 +52,12 @@ class PartTag:
         return f"part-{self.writer}-{self.first:012d}-{self.last:012d}.parquet"
 
 
-def encode(batch: pa.RecordBatch) -> bytes:
-    """A batch as the payload of one record (an Arrow IPC stream)."""
+def encode(batch: pa.RecordBatch) -> memoryview:
+    """A batch as the payload of one record (an Arrow IPC stream; no copy into bytes)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    return memoryview(sink.getvalue())
 
 
 def decode_payload(payload: bytes) -> pa.RecordBatch:
@@ -149,7 +149,7 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------ appending
 
-    def append(self, payload: bytes) -> int:
+    def append(self, payload: bytes | memoryview) -> int:
         """Write one record (not yet synced); returns its seq. The caller orders appends
         (the spool appends under its lock, so the queue's order is the log's).
 
@@ -161,16 +161,19 @@ class WriteAheadLog:
                 self._open_segment()
             assert self._fd is not None
             seq = self._next
-            record = _HEADER.pack(_MAGIC, zlib.crc32(payload), seq, len(payload)) + payload
+            header = _HEADER.pack(_MAGIC, zlib.crc32(payload), seq, len(payload))
+            record = len(header) + len(payload)
             try:
-                view = memoryview(record)
-                while view:
-                    view = view[os.write(self._fd, view) :]
+                wrote = os.writev(self._fd, [header, payload])
+                if wrote < record:  # short write (a signal, a nearly full disk): the rest
+                    rest = memoryview(header + bytes(payload))[wrote:]
+                    while rest:
+                        rest = rest[os.write(self._fd, rest) :]
             except OSError:
                 self._close_segment(truncate_to=self._size)
                 raise
             self._next += 1
-            self._size += len(record)
+            self._size += record
             self._segments[-1].last = seq
             if self._size >= self.segment_bytes:
                 self._close_segment()
