@@ -17,8 +17,10 @@ import pyarrow as pa
 
 from chiptrace.collector.budget import DEFAULT_MAX_MEMORY, MemoryPlan
 from chiptrace.collector.receiver import (
+    DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MIN_BODY_RATE,
     DEFAULT_READ_TIMEOUT_S,
     OtlpReceiver,
     parse_address,
@@ -47,6 +49,9 @@ class CollectOptions:
     min_free_bytes: int = 64 << 20
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_client: int | None = None
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    min_body_rate: int = DEFAULT_MIN_BODY_RATE
     manifest: Mapping[str, Any] = field(default_factory=dict)
 
     def validate(self) -> MemoryPlan:
@@ -67,6 +72,9 @@ class CollectOptions:
             "--max-buffered": self.max_buffered,
             "--read-timeout": self.read_timeout_s,
             "--max-connections": self.max_connections,
+            "--max-connections-per-client": self.max_connections_per_client or 1,
+            "--header-timeout": self.header_timeout_s,
+            "--min-body-rate": self.min_body_rate,
         }
         for flag, value in positive.items():
             if not value > 0:
@@ -165,6 +173,9 @@ class Collector:
             request_memory=plan.requests,
             read_timeout_s=options.read_timeout_s,
             max_connections=options.max_connections,
+            max_connections_per_client=options.max_connections_per_client,
+            header_timeout_s=options.header_timeout_s,
+            min_body_rate=options.min_body_rate,
         )
         self._summary: CollectSummary | None = None
 

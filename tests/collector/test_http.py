@@ -183,7 +183,7 @@ def test_200_clients_at_once_are_all_served(tmp_path: Path) -> None:
 
 
 def test_connections_past_the_cap_get_503(tmp_path: Path) -> None:
-    c = Collector(tmp_path / "cap", max_connections=3)
+    c = Collector(tmp_path / "cap", max_connections=3, max_connections_per_client=3)
     idle = [socket.create_connection(("127.0.0.1", c.receiver.http_port)) for _ in range(3)]
     try:
         wait_until(lambda: c.receiver.http_connections >= 3, "three open connections")
