@@ -44,7 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="larger requests get 413 (default 16 MiB)",
     )
     p.add_argument(
-        "--flush-interval", type=float, default=2.0, metavar="S", help="seconds between parts"
+        "--flush-interval",
+        type=float,
+        metavar="S",
+        help="seconds between parts (default 2; 30 with --partition-by: a part is a file per partition)",
     )
     p.add_argument(
         "--flush-spans", type=int, default=200_000, metavar="N", help="spans per part at most"

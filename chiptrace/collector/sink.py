@@ -19,6 +19,7 @@ rows, which the spool keeps and retries (see spool.PartialWrite).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -26,6 +27,7 @@ import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +48,22 @@ _HASH_CHARS = 16
 _UNSAFE = re.compile(rb"[^A-Za-z0-9._-]")
 _NS_PER_DAY = 86_400 * 10**9
 _READY_LIMIT = 100_000  # partition folders remembered as created
+
+
+def sync_filesystem(path: Path) -> None:
+    """syncfs(2) on the filesystem holding `path` (Linux); os.sync() elsewhere."""
+    try:
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
 
 
 def parse_partition_by(text: str | None) -> tuple[str, ...]:
@@ -127,7 +145,7 @@ class PartitionedStoreSink:
         self.writer = writer
         self.partition_by = tuple(partition_by)
         self._ready: set[str] = set()
-        self._unsynced: set[Path] = set()  # folders with parts renamed in since sync_dirs
+        self._unsynced: set[Path] = set()  # folders with parts written since make_durable
         self._dirs_lock = threading.Lock()
 
     def prepare(self, batch: pa.RecordBatch) -> None:
@@ -167,38 +185,39 @@ class PartitionedStoreSink:
         groups = partition_groups(table, self.partition_by) if self.partition_by else {"": None}
         failed: list[pa.Table] = []
         errors: list[Exception] = []
-        for path, rows in groups.items():
-            if path in skip:
-                continue
+
+        def write_one(path: str, rows: Any) -> None:
             part = table if rows is None else table.take(pa.array(rows))
             try:
-                written = self.writer.write(part, partition=path or None, name=name)
+                # No fsync per file: 1,000 partitions took 5 s in fsyncs; parts are made
+                # durable together (make_durable) before the log records they hold go.
+                written = self.writer.write(
+                    part, partition=path or None, name=name, sync=tag is None
+                )
             except Exception as e:  # noqa: BLE001 - one partition must not cost the others
                 failed.append(part)
                 errors.append(e)
-                continue
+                return
             with self._dirs_lock:
                 self._unsynced.add(written.parent)
+
+        # One after another: 8 threads took 6.4 s for 1,000 partitions where one took 3.9
+        # (each small file is mostly Python and GIL-holding setup, not encoding).
+        for path, rows in groups.items():
+            if path not in skip:
+                write_one(path, rows)
         self._update_manifest()
         if failed:
             raise PartialWrite(pa.concat_tables(failed), errors[0])
 
-    def sync_dirs(self) -> None:
-        """Make the renames of the parts written so far durable (before the log records
-        they hold are deleted)."""
+    def make_durable(self) -> None:
+        """Make the parts written so far (contents and names) durable, before the log
+        records they hold are deleted: one syncfs of the store's filesystem (0.02 s where
+        1,000 fsyncs took 5 s), or a sync of every filesystem where there is no syncfs."""
         with self._dirs_lock:
-            dirs, self._unsynced = self._unsynced, set()
-        for d in dirs:
-            try:
-                fd = os.open(d, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            dirty, self._unsynced = bool(self._unsynced), set()
+        if dirty:
+            sync_filesystem(self.writer.directory)
 
     def _update_manifest(self) -> None:
         try:

@@ -256,10 +256,15 @@ class WriteAheadLog:
                 for s in self._segments
                 if s.last and s.last <= seq and (s is not self._segments[-1] or self._fd is None)
             ]
-            if not done:
-                return
+        if not done:
+            return
+        try:
+            before_delete()
+        except OSError as e:  # kept: the next release (or the next collector) tries again
+            log.warning("chiptrace: could not sync the store (%s); keeping its log", e)
+            return
+        with self._cond:
             self._segments = [s for s in self._segments if s not in done]
-        before_delete()
         for s in done:
             try:
                 s.path.unlink()

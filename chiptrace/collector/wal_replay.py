@@ -36,25 +36,35 @@ from chiptrace.collector.wal import (
     read_segment,
     segment_writer,
 )
-from chiptrace.store import MANIFEST_DIR, SPANS_DIR, PartWriter
+from chiptrace.store import MANIFEST_DIR, SPANS_DIR, PartWriter, check_part
 
 log = logging.getLogger("chiptrace")
 
 _TAGGED = re.compile(r"^part-(?P<writer>.+)-(?P<first>\d{12})-(?P<last>\d{12})\.parquet$")
 
 
-def _written_ranges(directory: Path) -> dict[str, dict[tuple[int, int], set[str]]]:
-    """writer -> (first, last) -> partition paths ("" for flat) holding that range's part."""
+def _written_ranges(
+    directory: Path, writers: set[str]
+) -> dict[str, dict[tuple[int, int], set[str]]]:
+    """writer -> (first, last) -> partition paths ("" for flat) holding that range's part,
+    for the writers whose logs are being replayed. A part that does not read (parts are
+    synced in a batch before their records leave the log, so a power loss can leave one
+    empty while its records are still here) is deleted: its records are written again."""
     found: dict[str, dict[tuple[int, int], set[str]]] = defaultdict(lambda: defaultdict(set))
     root = directory / SPANS_DIR
     if not root.is_dir():
         return found
     for path in root.rglob("part-*.parquet"):
         m = _TAGGED.match(path.name)
-        if m:
-            rel = path.parent.relative_to(root).as_posix()
-            ranges = found[m["writer"]]
-            ranges[(int(m["first"]), int(m["last"]))].add("" if rel == "." else rel)
+        if not m or m["writer"] not in writers:
+            continue
+        if check_part(path, schema=None) is not None:
+            log.warning("chiptrace: %s does not read; writing its spans again from the log", path)
+            path.unlink()
+            continue
+        rel = path.parent.relative_to(root).as_posix()
+        ranges = found[m["writer"]]
+        ranges[(int(m["first"]), int(m["last"]))].add("" if rel == "." else rel)
     return found
 
 
@@ -126,7 +136,7 @@ def replay(
         segments[segment_writer(seg)].append(seg)
     if not segments:
         return 0
-    written = _written_ranges(directory)
+    written = _written_ranges(directory, set(segments))
     total = 0
     for dead, segs in sorted(segments.items()):
         sink = PartitionedStoreSink(writer, _partition_by(directory, dead, partition_by))
@@ -135,7 +145,8 @@ def replay(
             before = writer.spans_written
             sink.write(table, PartTag(dead, first, last), skip=skip)
             total += writer.spans_written - before
-        sink.sync_dirs()
+        sink.make_durable()
+        sink.close()
     for segs in segments.values():
         for seg in segs:
             seg.unlink()

@@ -168,3 +168,50 @@ def test_twenty_sigkills_under_load_lose_nothing_and_store_nothing_twice(tmp_pat
     t0 = time.monotonic()
     kill_under_load(tmp_path / "killed", kills=20)
     assert time.monotonic() - t0 < 600
+
+
+# ---------------------------------------------------------------- partitions
+
+
+def many_hosts_request(round_: int, hosts: int, per_host: int) -> bytes:
+    req = ExportTraceServiceRequest()
+    for h in range(hosts):
+        rs = req.resource_spans.add()
+        kv = rs.resource.attributes.add()
+        kv.key, kv.value.string_value = "host.name", f"node{h:04d}"
+        ss = rs.scope_spans.add()
+        for k in range(per_host):
+            sid = (round_ * hosts + h) * per_host + k + 1
+            s = ss.spans.add()
+            s.trace_id, s.span_id, s.name = b"\x03" * 16, sid.to_bytes(8, "big"), "op"
+            s.start_time_unix_nano, s.end_time_unix_nano = 1_700_000_000_000_000_000, 2 << 60
+    return req.SerializeToString()
+
+
+@pytest.mark.timing  # bounds SIGTERM's wall time: run alone (CI's timing step)
+def test_a_thousand_hosts_make_few_files_each_and_stop_fast(tmp_path: Path) -> None:
+    out = tmp_path / "hosts"
+    proc, url = start_collect(out, "--partition-by", "host")
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    for r in range(10):  # 10 rounds of 1,000 hosts x 2 spans: the 20,000 spans
+        conn.request(
+            "POST",
+            u.path,
+            many_hosts_request(r, 1000, 2),
+            {"Content-Type": "application/x-protobuf"},
+        )
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 200
+    conn.close()
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    stop_s = time.monotonic() - t0
+    assert proc.returncode == 0, err[-2000:]
+    assert stored_count_said(err) == 20_000
+    files = list((out / "spans").rglob("*.parquet"))
+    per_host = len(files) / 1000
+    assert per_host <= 3, f"{len(files)} files for 1,000 hosts"
+    assert stop_s < 5, f"SIGTERM took {stop_s:.1f} s"
