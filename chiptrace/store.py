@@ -70,22 +70,24 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
 
 
-def commit_temp(tmp: Path, path: Path) -> None:
-    """fsync a finished temporary file, then rename it to `path` in one step."""
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def commit_temp(tmp: Path, path: Path, sync: bool = True) -> None:
+    """fsync a finished temporary file (unless the caller syncs later), then rename it to
+    `path` in one step."""
+    if sync:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     os.replace(tmp, path)
 
 
-def write_atomic(path: Path, write: Any) -> None:
+def write_atomic(path: Path, write: Any, sync: bool = True) -> None:
     """Call write(tmp_path), fsync, then rename to path: readers see all of it or none."""
     tmp = temp_path(path)
     try:
         write(tmp)
-        commit_temp(tmp, path)
+        commit_temp(tmp, path, sync)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -165,9 +167,18 @@ class PartWriter:
                 f"cannot write to trace dir {self.directory}: {e.strerror or e}"
             ) from e
 
-    def write(self, batch: pa.RecordBatch | pa.Table, partition: str | None = None) -> Path:
+    def write(
+        self,
+        batch: pa.RecordBatch | pa.Table,
+        partition: str | None = None,
+        name: str | None = None,
+        sync: bool = True,
+    ) -> Path:
         """Write one part; returns its path. Thread-safe: threads encode parts at once (the
-        encoding releases the GIL); the counters move when a part is in place."""
+        encoding releases the GIL); the counters move when a part is in place. `name`: the
+        file's name instead of `part-<writer>-<seq>.parquet` (chiptrace collect names parts
+        after the log records they hold). `sync=False`: no fsync; the caller makes the
+        part durable later (chiptrace collect: one syncfs for all partitions of a flush)."""
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         with self._lock:
             self._seq += 1
@@ -176,8 +187,8 @@ class PartWriter:
         if partition:
             folder = folder / partition
             folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"part-{self.writer_id}-{seq:06d}{PART_SUFFIX}"
-        write_atomic(path, lambda tmp: pq.write_table(table, tmp, **self._options))
+        path = folder / (name or f"part-{self.writer_id}-{seq:06d}{PART_SUFFIX}")
+        write_atomic(path, lambda tmp: pq.write_table(table, tmp, **self._options), sync)
         with self._lock:
             if self.table == SPANS_DIR:
                 self.spans_written += table.num_rows
@@ -333,7 +344,7 @@ def good_parts(
 # A part's temporary name while it is written: `.part-HOST-PID-NONCE-SEQ.parquet.HEX.tmp`
 # (a manifest's: `.HOST-PID-NONCE.json.HEX.tmp`); see write_atomic and new_writer_id.
 _TEMP = re.compile(
-    r"^\.(?:part-)?(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{6}(?:-\d+)?\.\w+\.[0-9a-f]+\.tmp$"
+    r"^\.(?:part-)?(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{6}(?:-\d+)*\.\w+\.[0-9a-f]+\.tmp$"
 )
 STALE_TEMP_S = 3600.0
 

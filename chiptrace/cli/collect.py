@@ -44,7 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="larger requests get 413 (default 16 MiB)",
     )
     p.add_argument(
-        "--flush-interval", type=float, default=2.0, metavar="S", help="seconds between parts"
+        "--flush-interval",
+        type=float,
+        metavar="S",
+        help="seconds between parts (default 2; 30 with --partition-by: a part is a file per partition)",
     )
     p.add_argument(
         "--flush-spans", type=int, default=200_000, metavar="N", help="spans per part at most"
@@ -77,6 +80,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="close an HTTP connection that sends nothing for S seconds (default 30)",
     )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a request's headers must arrive within S seconds of their first byte (default 10)",
+    )
+    p.add_argument(
+        "--min-body-rate",
+        type=int,
+        default=1000,
+        metavar="B",
+        help="a body must average B bytes a second after its first 10 s (default 1000)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="HTTP connections open at once; more get 503 (default 1024)",
+    )
+    p.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        metavar="N",
+        help="of those, from one client address (default a quarter of --max-connections)",
+    )
 
 
 def options(args: argparse.Namespace) -> Any:
@@ -98,6 +128,10 @@ def options(args: argparse.Namespace) -> Any:
         max_memory=args.max_memory_mb << 20,
         min_free_bytes=args.min_free_mb << 20,
         read_timeout_s=args.read_timeout,
+        header_timeout_s=args.header_timeout,
+        min_body_rate=args.min_body_rate,
+        max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
         manifest={"service": "chiptrace-collect", "source": "collect"},
     )
 

@@ -4,14 +4,16 @@ A collector holds three things that grow with its input: requests being read and
 spans acknowledged and not yet written (the spool), and the decode caches. `MemoryPlan`
 divides one ceiling (`--max-memory`, default 1 GiB) between them; each part is bounded in
 bytes, so no input (a flood of unique 10 MB attributes, 200 clients at once) takes the
-process past it. `MemoryBudget` is the requests' share: a request reserves the bytes it
-will need before it reads them, waits a while when others hold the budget, and is refused
-(503, clients retry) when no room comes.
+process past it. `MemoryBudget` is the requests' share, HTTP and gRPC together: a request
+takes the bytes it will need (its body and decoding it) once, before it reads its body, and
+is refused at once (503 / RESOURCE_EXHAUSTED, clients retry) when they do not fit.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +33,8 @@ MIN_MAX_MEMORY = 384 << 20
 # small spans. The larger, so a flood of large values stays inside the budget.
 DECODE_FACTOR = 10
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+RETRY_SPREAD_S = 20
+_RECENT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -80,50 +84,70 @@ class MemoryPlan:
 
 
 class BudgetExhausted(Exception):
-    """No room in the budget came within the wait."""
+    """No room in the budget now."""
 
-    def __init__(self, used: int, limit: int) -> None:
+    def __init__(self, used: int, limit: int, want: int) -> None:
         super().__init__(
             f"the collector is busy: {used >> 20} of {limit >> 20} MiB of request memory "
-            "in use; retry"
+            f"in use, {max(1, want >> 20)} MiB more needed; retry"
         )
 
 
 class MemoryBudget:
-    """Bytes held by requests in flight, at most `limit` together.
+    """Bytes held by requests in flight, HTTP and gRPC together, at most `limit`.
 
-    A request larger than the whole budget may still run, alone: refusing it forever
-    would make a legal request impossible (max-request-bytes is checked elsewhere).
+    Taking never waits: a request that waited for room while holding some (its body,
+    waiting for its decode share) deadlocked with the others doing the same (80 requests
+    of 10 MB, none acknowledged for minutes). A request takes what it will need once,
+    before reading its body, and is refused at once (503 / RESOURCE_EXHAUSTED with a
+    retry delay) when it does not fit. A request larger than the whole budget still runs
+    when it is alone: refusing it forever would make a legal request impossible
+    (max-request-bytes is checked elsewhere).
     """
 
-    def __init__(self, limit: int, wait_s: float = 5.0) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.wait_s = wait_s
         self.used = 0
-        self._cond = threading.Condition()
+        self.refused = 0
+        self._recent: collections.deque[tuple[float, bool]] = collections.deque(maxlen=10_000)
+        self._lock = threading.Lock()
 
-    def acquire(self, n: int, deadline: float, own: int = 0) -> None:
-        """Take `n` bytes, waiting until `deadline` (time.monotonic) for room; `own` is
-        what the caller already holds (a request alone is never refused).
+    def take(self, n: int, own: int = 0) -> None:
+        """Take `n` bytes now; `own` is what the caller already holds.
 
         Raises:
-            BudgetExhausted: no room by the deadline.
+            BudgetExhausted: no room now.
         """
-        with self._cond:
-            while self.used > own and self.used + n > self.limit:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise BudgetExhausted(self.used, self.limit)
-                self._cond.wait(left)
+        with self._lock:
+            now = time.monotonic()
+            if self.used > own and self.used + n > self.limit:
+                self.refused += 1
+                self._recent.append((now, False))
+                raise BudgetExhausted(self.used, self.limit, n)
             self.used += n
+            if not own:
+                self._recent.append((now, True))
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: spread at random over as many seconds as
+        requests were refused per one admitted lately (at most RETRY_SPREAD_S), so 100
+        clients retrying 10 MB bodies every second do not spend the CPU the admitted ones
+        need on bodies that are refused again."""
+        with self._lock:
+            horizon = time.monotonic() - _RECENT_S
+            while self._recent and self._recent[0][0] < horizon:
+                self._recent.popleft()
+            admitted = sum(1 for _, ok in self._recent if ok)
+            refused = len(self._recent) - admitted
+        spread = min(RETRY_SPREAD_S, max(2, refused // max(1, admitted)))
+        return 1 + secrets.randbelow(spread)
 
     def release(self, n: int) -> None:
-        with self._cond:
+        with self._lock:
             self.used -= n
-            self._cond.notify_all()
 
     def reservation(self) -> Reservation:
-        """A per-request holder: `grow(n)` as the request needs more; all freed on exit."""
+        """A per-request holder: `need(n)` before using n bytes; all freed on exit."""
         return Reservation(self)
 
 
@@ -133,17 +157,32 @@ class Reservation:
     def __init__(self, budget: MemoryBudget) -> None:
         self.budget = budget
         self.held = 0
-        self.deadline = time.monotonic() + budget.wait_s
+        self.base = 0  # bytes held besides the plain body and its decoding (a gzip body)
 
-    def grow(self, n: int) -> None:
-        """Hold `n` more bytes.
+    def need(self, total: int) -> None:
+        """Hold at least `total` bytes in all (a no-op when already held).
 
         Raises:
-            BudgetExhausted: no room within the budget's wait (counted from the first grow).
+            BudgetExhausted: the rest does not fit now.
         """
-        if n > 0:
-            self.budget.acquire(n, self.deadline, self.held)
-            self.held += n
+        if total > self.held:
+            self.budget.take(total - self.held, self.held)
+            self.held = total
+
+    def shrink(self, total: int) -> None:
+        """Hold at most `total` bytes from now on (decoding is done: what is left is the
+        body, the batch and its log record), so the next request can start meanwhile."""
+        if total < self.held:
+            self.budget.release(self.held - total)
+            self.held = total
+
+    def grow(self, n: int) -> None:
+        """Hold `n` more bytes (a body whose size shows as it arrives: chunked, gzip).
+
+        Raises:
+            BudgetExhausted: it does not fit now.
+        """
+        self.need(self.held + n)
 
     def __enter__(self) -> Reservation:
         return self

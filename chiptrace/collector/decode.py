@@ -25,6 +25,7 @@ import pyarrow as pa
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from chiptrace.collector.anyvalue import MAX_VALUE_DEPTH
 from chiptrace.collector.anyvalue import decode_any_value as decode_any_value  # its old home
 from chiptrace.collector.wire import SpanReader, WireError
 from chiptrace.errors import ChiptraceError
@@ -131,13 +132,20 @@ def columns_to_batch(reader: SpanReader) -> Decoded:
     """The spans a SpanReader collected, as one batch of the store's schema."""
     c = reader.columns()
     n = len(c["span_id"])
-    reason = (
-        f"{reader.rejected} span(s) with a trace id not 16 bytes or a span id not 8"
-        if reader.rejected
-        else ""
-    )
+    reasons = []
+    if reader.rejected:
+        reasons.append(f"{reader.rejected} span(s) with a trace id not 16 bytes or a span id not 8")
+    if reader.bad_spans:
+        reasons.append(f"{reader.bad_spans} span(s) with events or links that do not parse")
+    if reader.truncated:
+        reasons.append(
+            f"{reader.truncated} attribute value(s) nested deeper than {MAX_VALUE_DEPTH} "
+            "levels cut there"
+        )
+    reason = "; ".join(reasons)
+    rejected = reader.rejected + reader.bad_spans
     if n == 0:
-        return Decoded(empty_batch(), reader.rejected, reason)
+        return Decoded(empty_batch(), rejected, reason)
     columns: dict[str, Any] = {}
     for name, values in c.items():
         first = values[0]
@@ -151,7 +159,7 @@ def columns_to_batch(reader: SpanReader) -> Decoded:
         pa.binary(8), n, [None, pa.py_buffer(b"".join(c["span_id"]))]
     )
     columns["parent_span_id"] = pa.array(c["parent_span_id"], pa.binary(8))
-    return Decoded(batch_from_columns(columns, n), reader.rejected, reason)
+    return Decoded(batch_from_columns(columns, n), rejected, reason)
 
 
 def request_to_batch(body: bytes) -> Decoded:

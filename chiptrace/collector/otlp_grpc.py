@@ -13,7 +13,7 @@ from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
 from chiptrace._protowire import message_field, varint
-from chiptrace.collector.budget import BudgetExhausted
+from chiptrace.collector.budget import DECODE_FACTOR, BudgetExhausted
 from chiptrace.collector.otlp_http import RequestError
 from chiptrace.errors import ConfigError
 
@@ -21,21 +21,26 @@ if TYPE_CHECKING:
     from chiptrace.collector.receiver import OtlpReceiver
 
 GRPC_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
-# Handlers running at once. gRPC reads a request's message only when a worker takes it,
-# so this also bounds the request bodies held in memory (each up to max_request_bytes).
-GRPC_WORKERS = 4
+# Handlers running at once, and RPCs the server takes at once: grpc receives a message
+# before a handler sees it, so RPCs queued for a worker held their bodies outside any
+# budget (100 clients of 10 MB grew RSS by 1.5 GB). Past the limit grpc answers
+# RESOURCE_EXHAUSTED at once, which the SDKs retry with backoff.
+GRPC_MIN_WORKERS, GRPC_MAX_WORKERS = 4, 32
 _UNAVAILABLE = 14
+_RESOURCE_EXHAUSTED = 8
 _RETRY_INFO_URL = b"type.googleapis.com/google.rpc.RetryInfo"
 
 
-def retry_trailers(message: str, retry_after_s: int) -> tuple[tuple[str, bytes], ...]:
-    """Trailing metadata telling a client to retry UNAVAILABLE after `retry_after_s`."""
+def retry_trailers(
+    message: str, retry_after_s: int, code: int = _UNAVAILABLE
+) -> tuple[tuple[str, bytes], ...]:
+    """Trailing metadata telling a client to retry (UNAVAILABLE) after `retry_after_s`."""
     duration = b"\x08" + varint(max(0, retry_after_s))  # Duration.seconds
     retry_info = message_field(1, duration)  # RetryInfo.retry_delay
     detail = message_field(1, _RETRY_INFO_URL) + message_field(2, retry_info)  # Any
     status = (
         b"\x08"
-        + varint(_UNAVAILABLE)
+        + varint(code)
         + message_field(2, message.encode("utf-8"))
         + message_field(3, detail)  # google.rpc.Status
     )
@@ -50,11 +55,20 @@ def start_grpc(receiver: OtlpReceiver, host: str, port: int) -> tuple[Any, int]:
     """
     import grpc
 
+    # As many RPCs as the budget holds largest requests, each with its own worker at once
+    # (none waits in a queue holding its message).
+    workers = receiver.budget.limit // max(1, receiver.max_request_bytes)
+    workers = max(GRPC_MIN_WORKERS, min(GRPC_MAX_WORKERS, workers))
     server = grpc.server(
-        futures.ThreadPoolExecutor(
-            max_workers=GRPC_WORKERS, thread_name_prefix="chiptrace-otlp-grpc"
-        ),
-        options=[("grpc.max_receive_message_length", receiver.max_request_bytes)],
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chiptrace-otlp-grpc"),
+        options=[
+            ("grpc.max_receive_message_length", receiver.max_request_bytes),
+            # Flow control at its 64 kB default: with BDP probing, grpc widened each
+            # stream's window and took in refused RPCs' bodies whole (+923 MiB RSS for
+            # 100 clients of 10 MB).
+            ("grpc.http2.bdp_probe", 0),
+        ],
+        maximum_concurrent_rpcs=workers,
     )
     handler = grpc.unary_unary_rpc_method_handler(lambda req, ctx: _export(receiver, req, ctx))
     server.add_generic_rpc_handlers(
@@ -68,17 +82,31 @@ def start_grpc(receiver: OtlpReceiver, host: str, port: int) -> tuple[Any, int]:
     return server, bound
 
 
+def _refuse(
+    receiver: OtlpReceiver, context: Any, exhausted: BudgetExhausted, retry_after_s: int = 0
+) -> None:
+    """RESOURCE_EXHAUSTED with RetryInfo: the SDKs retry it after the delay given."""
+    import grpc
+
+    retry = retry_after_s or receiver.budget.retry_after()
+    e = RequestError(503, str(exhausted), retry_after_s=retry)
+    receiver.stats.fail(e.status)
+    context.set_trailing_metadata(retry_trailers(str(e), e.retry_after_s or 1, _RESOURCE_EXHAUSTED))
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+
+
 def _export(receiver: OtlpReceiver, request: bytes, context: Any) -> bytes:
     import grpc
 
     try:
         with receiver.budget.reservation() as reservation:
-            reservation.grow(len(request))
+            # gRPC has read the message already: its bytes and its decoding, taken once.
+            reservation.need(len(request) * (1 + DECODE_FACTOR))
             return receiver.response(
                 receiver.handle(request, "application/x-protobuf", reservation)
             )
     except BudgetExhausted as exhausted:
-        e = RequestError(503, str(exhausted), retry_after_s=1)
+        _refuse(receiver, context, exhausted)
     except RequestError as error:
         e = error
     receiver.stats.fail(e.status)

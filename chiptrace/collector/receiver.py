@@ -32,6 +32,7 @@ from chiptrace.collector.decode import Decoded, DecodeError, decode
 from chiptrace.collector.otlp_grpc import GRPC_SERVICE, start_grpc
 from chiptrace.collector.otlp_http import (
     TRACES_PATH,
+    ConnectionLimits,
     OtlpHttpServer,
     RequestError,
     handler_class,
@@ -44,6 +45,10 @@ log = logging.getLogger("chiptrace")
 DEFAULT_MAX_REQUEST_BYTES = 16 << 20
 DEFAULT_READ_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+# Apache's mod_reqtimeout default (MinRate=500) doubled: a body of 16 MiB may take 4.6 h at
+# this rate, so only a client that trickles on purpose or is stuck is cut off.
+DEFAULT_MIN_BODY_RATE = 1000
 _LOG_INTERVAL_S = 5.0
 
 __all__ = [
@@ -133,6 +138,10 @@ class OtlpReceiver:
             (default: the share of a 1 GiB ceiling, see budget.MemoryPlan).
         read_timeout_s: an HTTP connection that sends nothing this long is closed.
         max_connections: HTTP connections open at once; more get 503.
+        max_connections_per_client: of those, from one client address (default a
+            quarter); more get 503.
+        header_timeout_s: a request's headers must arrive within this of their first byte.
+        min_body_rate: bytes a second a body must average after its first 10 s.
     """
 
     def __init__(
@@ -145,11 +154,17 @@ class OtlpReceiver:
         request_memory: int | None = None,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections_per_client: int | None = None,
+        header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+        min_body_rate: int = DEFAULT_MIN_BODY_RATE,
     ) -> None:
         self.on_batch = on_batch
         self.max_request_bytes = max_request_bytes
         self.read_timeout_s = read_timeout_s
         self.max_connections = max_connections
+        self.max_connections_per_client = max_connections_per_client or max(1, max_connections // 4)
+        self.header_timeout_s = header_timeout_s
+        self.min_body_rate = min_body_rate
         limit = request_memory or MemoryPlan.for_ceiling(1 << 30).requests
         self.budget = MemoryBudget(limit)
         self.stats = _Stats()
@@ -166,6 +181,15 @@ class OtlpReceiver:
             "chiptrace: refused %d spans (503) since the last warning: %s"
         )
         self._notes = _ThrottledWarning("chiptrace: %d request(s) since the last warning: %s")
+        self._tls = _ThrottledWarning(
+            "chiptrace: closed %d TLS connection(s) (last from %s): chiptrace collect speaks "
+            "plain HTTP; use an http:// endpoint, or put a TLS-terminating proxy (an "
+            "OpenTelemetry Collector, nginx) in front"
+        )
+
+    def note_tls(self, client: Any) -> None:
+        """A client opened with a TLS handshake (it was closed at once)."""
+        self._tls.add(1, str(client[0]) if isinstance(client, tuple) else str(client))
 
     @property
     def http_url(self) -> str | None:
@@ -195,9 +219,18 @@ class OtlpReceiver:
             ConfigError: an address cannot be bound (in use, not local).
         """
         if self._http_addr:
-            handler = handler_class(self, self.read_timeout_s)
+            limits = ConnectionLimits(
+                self.max_connections,
+                self.max_connections_per_client,
+                self.read_timeout_s,
+                header_s=self.header_timeout_s,
+                min_body_rate=self.min_body_rate,
+            )
+            handler = handler_class(self, limits)
             try:
-                self._httpd = OtlpHttpServer(self._http_addr, handler, self.max_connections)
+                self._httpd = OtlpHttpServer(
+                    self._http_addr, handler, limits, on_refused=lambda: self.stats.fail(503)
+                )
             except OSError as e:
                 raise ConfigError(
                     f"cannot listen on {self._http_addr[0]}:{self._http_addr[1]}: {e.strerror}"
@@ -251,21 +284,24 @@ class OtlpReceiver:
                 raise RequestError(503, "the collector is shutting down", retry_after_s=5)
             self._inflight += 1
         try:
-            if reservation is not None:
-                reservation.grow(len(body) * DECODE_FACTOR)
-            return self._handle(body, content_type)
+            if reservation is not None:  # a no-op where the length was known up front
+                reservation.need(reservation.base + len(body) * (1 + DECODE_FACTOR))
+            return self._handle(body, content_type, reservation)
         except BudgetExhausted as e:
-            raise RequestError(503, str(e), retry_after_s=1) from None
+            raise RequestError(503, str(e), retry_after_s=self.budget.retry_after()) from None
         finally:
             with self._idle:
                 self._inflight -= 1
                 self._idle.notify_all()
 
-    def _handle(self, body: bytes, content_type: str) -> Decoded:
+    def _handle(self, body: bytes, content_type: str, reservation: Reservation | None) -> Decoded:
         try:
             decoded = decode(body, content_type)
         except DecodeError as e:
             raise RequestError(400, str(e)) from None
+        if reservation is not None:  # the body, the batch and its log record remain
+            batch_bytes = decoded.batch.get_total_buffer_size()
+            reservation.shrink(reservation.base + len(body) + 2 * batch_bytes)
         if decoded.note:
             self._notes.add(1, decoded.note)
         if decoded.batch.num_rows:

@@ -19,17 +19,22 @@ rows, which the spool keeps and retries (see spool.PartialWrite).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
+import os
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from chiptrace.collector.spool import PartialWrite, StoreUnavailable
+from chiptrace.collector.wal import PartTag
 from chiptrace.errors import ConfigError
 from chiptrace.store import SPANS_DIR, PartWriter
 
@@ -43,6 +48,22 @@ _HASH_CHARS = 16
 _UNSAFE = re.compile(rb"[^A-Za-z0-9._-]")
 _NS_PER_DAY = 86_400 * 10**9
 _READY_LIMIT = 100_000  # partition folders remembered as created
+
+
+def sync_filesystem(path: Path) -> None:
+    """syncfs(2) on the filesystem holding `path` (Linux); os.sync() elsewhere."""
+    try:
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
 
 
 def parse_partition_by(text: str | None) -> tuple[str, ...]:
@@ -124,6 +145,8 @@ class PartitionedStoreSink:
         self.writer = writer
         self.partition_by = tuple(partition_by)
         self._ready: set[str] = set()
+        self._unsynced: set[Path] = set()  # folders with parts written since make_durable
+        self._dirs_lock = threading.Lock()
 
     def prepare(self, batch: pa.RecordBatch) -> None:
         """Create the folders a request's spans will go to, before it is acknowledged, so
@@ -149,28 +172,52 @@ class PartitionedStoreSink:
                 self._ready.clear()
             self._ready.add(path)
 
-    def write(self, table: pa.Table) -> None:
-        """Write `table` as one part per partition, then the manifest.
+    def write(
+        self, table: pa.Table, tag: PartTag | None = None, skip: frozenset[str] = frozenset()
+    ) -> None:
+        """Write `table` as one part per partition (named after `tag`), then the manifest.
+        `skip`: partition paths ("" unpartitioned) that already hold this tag's part.
 
         Raises:
             PartialWrite: some partitions failed; their rows are in `unwritten`.
         """
-        if not self.partition_by:
-            self.writer.write(table)
-        else:
-            failed: list[pa.Table] = []
-            errors: list[Exception] = []
-            for path, rows in partition_groups(table, self.partition_by).items():
-                part = table.take(pa.array(rows))
-                try:
-                    self.writer.write(part, partition=path)
-                except Exception as e:  # noqa: BLE001 - one partition must not cost the others
-                    failed.append(part)
-                    errors.append(e)
-            if failed:
-                self._update_manifest()
-                raise PartialWrite(pa.concat_tables(failed), errors[0])
+        name = tag.name if tag is not None else None
+        groups = partition_groups(table, self.partition_by) if self.partition_by else {"": None}
+        failed: list[pa.Table] = []
+        errors: list[Exception] = []
+
+        def write_one(path: str, rows: Any) -> None:
+            part = table if rows is None else table.take(pa.array(rows))
+            try:
+                # No fsync per file: 1,000 partitions took 5 s in fsyncs; parts are made
+                # durable together (make_durable) before the log records they hold go.
+                written = self.writer.write(
+                    part, partition=path or None, name=name, sync=tag is None
+                )
+            except Exception as e:  # noqa: BLE001 - one partition must not cost the others
+                failed.append(part)
+                errors.append(e)
+                return
+            with self._dirs_lock:
+                self._unsynced.add(written.parent)
+
+        # One after another: 8 threads took 6.4 s for 1,000 partitions where one took 3.9
+        # (each small file is mostly Python and GIL-holding setup, not encoding).
+        for path, rows in groups.items():
+            if path not in skip:
+                write_one(path, rows)
         self._update_manifest()
+        if failed:
+            raise PartialWrite(pa.concat_tables(failed), errors[0])
+
+    def make_durable(self) -> None:
+        """Make the parts written so far (contents and names) durable, before the log
+        records they hold are deleted: one syncfs of the store's filesystem (0.02 s where
+        1,000 fsyncs took 5 s), or a sync of every filesystem where there is no syncfs."""
+        with self._dirs_lock:
+            dirty, self._unsynced = bool(self._unsynced), set()
+        if dirty:
+            sync_filesystem(self.writer.directory)
 
     def _update_manifest(self) -> None:
         try:

@@ -18,12 +18,14 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import pyarrow as pa
 
+from chiptrace.collector.wal import PartTag, WriteAheadLog, encode
 from chiptrace.errors import ChiptraceError
 
 log = logging.getLogger("chiptrace")
@@ -51,9 +53,23 @@ class PartialWrite(Exception):
 
 
 class PartSink(Protocol):
-    """Where the spool writes: all of a table, or raise (PartialWrite for some of it)."""
+    """Where the spool writes: all of a table, or raise (PartialWrite for some of it).
+    `tag` names the log records the table holds (None: the spool has no log)."""
 
-    def write(self, table: pa.Table) -> None: ...
+    def write(self, table: pa.Table, tag: PartTag | None = None) -> None: ...
+
+
+@dataclass
+class _Entry:
+    """Queued spans: log records `first`..`last` (0, 0 without a log). `alone`: the rows a
+    part failed to write, retried as that part again (same name, same rows) so the part
+    names keep telling which records are stored."""
+
+    batch: pa.RecordBatch | pa.Table
+    size: int
+    first: int
+    last: int
+    alone: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,16 +98,30 @@ class Spool:
         limits: sizes and intervals.
         disk: a path on the filesystem the sink writes to, for the free-space check
             (None: no check).
+        wal: the write-ahead log `offer` appends and syncs each batch to before it returns
+            (None: acknowledged spans live in memory until written).
+        on_written: called from the writing thread with the last log record parts now
+            hold (every earlier one is held too).
     """
 
-    def __init__(self, sink: PartSink, limits: SpoolLimits, disk: Path | None = None) -> None:
+    def __init__(
+        self,
+        sink: PartSink,
+        limits: SpoolLimits,
+        disk: Path | None = None,
+        wal: WriteAheadLog | None = None,
+        on_written: Callable[[int], None] | None = None,
+    ) -> None:
         self.sink = sink
         self.limits = limits
         self.disk = disk
+        self.wal = wal
+        self.on_written = on_written
+        self.written_through = 0
         self.stored = 0
         self.unwritten = 0
         self.last_error = ""
-        self._queue: collections.deque[tuple[pa.RecordBatch, int]] = collections.deque()
+        self._queue: collections.deque[_Entry] = collections.deque()
         self._spans = self._bytes = 0  # queued and being written
         self._waiters = 0
         self._failing = ""
@@ -117,15 +147,28 @@ class Spool:
     # ------------------------------------------------------------ taking spans
 
     def offer(self, batch: pa.RecordBatch) -> None:
-        """Take a batch, to be written; returns once it is the spool's to write.
+        """Take a batch, to be written; returns once it is the spool's to write (with a
+        log: once it is in the log on disk, so a SIGKILL does not lose it).
 
         Raises:
-            StoreUnavailable: closing, the store failing, the disk nearly full, or no room
-                within `limits.wait_s`; nothing of the batch was taken.
+            StoreUnavailable: closing, the store failing, the disk nearly full, the log
+                not writable, or no room within `limits.wait_s`; nothing of the batch was
+                taken (but for a failed log sync, after which it may still be stored).
         """
         n, size = batch.num_rows, batch.get_total_buffer_size()
         if not n:
             return
+        payload = encode(batch) if self.wal is not None else memoryview(b"")
+        seq = self._enqueue(batch, n, size, payload)
+        if self.wal is not None:
+            try:
+                self.wal.sync(seq)
+            except OSError as e:
+                raise StoreUnavailable(
+                    f"cannot sync the write-ahead log: {e.strerror or e}", retry_after_s=5
+                ) from None
+
+    def _enqueue(self, batch: pa.RecordBatch, n: int, size: int, payload: memoryview) -> int:
         lim = self.limits
         with self._cond:
             self._refuse_if_unable(size)
@@ -145,11 +188,20 @@ class Spool:
                 self._cond.wait(left)
                 self._waiters -= 1
                 self._refuse_if_unable(size)
-            self._queue.append((batch, size))
+            seq = 0
+            if self.wal is not None:  # under the lock: the queue's order is the log's
+                try:
+                    seq = self.wal.append(payload)
+                except OSError as e:
+                    raise StoreUnavailable(
+                        f"cannot write the write-ahead log: {e.strerror or e}", retry_after_s=10
+                    ) from None
+            self._queue.append(_Entry(batch, size, seq, seq))
             self._spans += n
             self._bytes += size
             if self._spans >= self._flush_at_spans or self._bytes >= self._flush_at_bytes:
                 self._cond.notify_all()
+            return seq
 
     def _refuse_if_unable(self, size: int) -> None:
         if self._closing:
@@ -186,7 +238,7 @@ class Spool:
                 return
             self._write(part)
 
-    def _next_part(self) -> list[tuple[pa.RecordBatch, int]] | None:
+    def _next_part(self) -> list[_Entry] | None:
         """The batches of the next part, waiting until one is due; None: stop."""
         lim = self.limits
         while True:
@@ -210,48 +262,66 @@ class Spool:
                 return None
             self._cond.wait(max(0.01, lim.flush_interval_s - (now - self._last_flush)))
 
-    def _take(self) -> list[tuple[pa.RecordBatch, int]]:
+    def _take(self) -> list[_Entry]:
         lim = self.limits
         part = [self._queue.popleft()]
-        spans, size = part[0][0].num_rows, part[0][1]
+        if part[0].alone:
+            return part
+        spans, size = part[0].batch.num_rows, part[0].size
         while self._queue:
-            batch, b = self._queue[0]
-            if spans + batch.num_rows > lim.flush_spans or size + b > lim.flush_bytes:
+            e = self._queue[0]
+            if (
+                e.alone
+                or spans + e.batch.num_rows > lim.flush_spans
+                or size + e.size > lim.flush_bytes
+            ):
                 break
             part.append(self._queue.popleft())
-            spans += batch.num_rows
-            size += b
+            spans += e.batch.num_rows
+            size += e.size
         return part
 
-    def _write(self, part: list[tuple[pa.RecordBatch, int]]) -> None:
+    def _write(self, part: list[_Entry]) -> None:
         # One dictionary per column across the part's batches (each request brought its own).
-        table = pa.Table.from_batches([b for b, _ in part]).combine_chunks()
+        table = pa.concat_tables(
+            [
+                e.batch if isinstance(e.batch, pa.Table) else pa.Table.from_batches([e.batch])
+                for e in part
+            ]
+        ).combine_chunks()
+        first, last = part[0].first, part[-1].last
+        tag = PartTag(self.wal.writer, first, last) if self.wal is not None else None
         unwritten: pa.Table | None = None
         try:
-            self.sink.write(table)
+            self.sink.write(table, tag)
         except PartialWrite as e:
             unwritten, error = e.unwritten, e.error
         except Exception as e:  # noqa: BLE001 - kept and retried; the server goes on
             unwritten, error = table, e
         with self._cond:
             self._spans -= table.num_rows
-            self._bytes -= sum(size for _, size in part)
+            self._bytes -= sum(e.size for e in part)
             self._last_flush = time.monotonic()
             if unwritten is not None and unwritten.num_rows:
-                self._keep(unwritten, error)
-            elif self._failing:
-                log.warning("chiptrace: the store is writable again; accepting spans")
-                self._failing, self._failures = "", 0
+                self._keep(
+                    _Entry(unwritten, unwritten.get_total_buffer_size(), first, last, True), error
+                )
+            else:
+                self.written_through = max(self.written_through, last)
+                if self._failing:
+                    log.warning("chiptrace: the store is writable again; accepting spans")
+                    self._failing, self._failures = "", 0
             self.stored += table.num_rows - (unwritten.num_rows if unwritten is not None else 0)
             self._cond.notify_all()
+        if self.on_written is not None and (unwritten is None or not unwritten.num_rows):
+            self.on_written(last)
 
-    def _keep(self, unwritten: pa.Table, error: BaseException) -> None:
+    def _keep(self, entry: _Entry, error: BaseException) -> None:
         """Put what did not write back at the front, and refuse spans until it does."""
-        for batch in reversed(unwritten.to_batches()):
-            size = batch.get_total_buffer_size()
-            self._queue.appendleft((batch, size))
-            self._spans += batch.num_rows
-            self._bytes += size
+        unwritten = entry.batch
+        self._queue.appendleft(entry)
+        self._spans += unwritten.num_rows
+        self._bytes += entry.size
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         if not self._failing:
             log.warning(

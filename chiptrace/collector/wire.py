@@ -23,7 +23,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from chiptrace._protowire import WireError, fields
 from chiptrace.collector._pbwire import scan_span, span_header
-from chiptrace.collector.anyvalue import decode_any_value, key_values
+from chiptrace.collector.anyvalue import RawValueReader, decode_any_value, key_values
 from chiptrace.schema import ATTRIBUTE_COLUMNS, CHIP_TYPES, chip_type_of, dumps
 
 _HAS_CORE = object()  # a span tail holding ids, name, kind or times: not the fast shape
@@ -119,7 +119,9 @@ class SpanReader:
 
     def __init__(self, caches: Caches | None = None) -> None:
         self.rows: list[tuple[Any, ...]] = []
-        self.rejected = 0
+        self.rejected = 0  # spans with ids of the wrong length
+        self.bad_spans = 0  # spans whose events or links do not parse
+        self.truncated = 0  # attribute values cut at MAX_VALUE_DEPTH
         c = caches or SHARED_CACHES
         self._caches = c
         self._kv, self._attrs, self._tails, self._status = c.kv, c.attrs, c.tails, c.status
@@ -127,10 +129,19 @@ class SpanReader:
     # ------------------------------------------------------------ caches (decoded on miss)
 
     def _key_value(self, raw: bytes) -> tuple[int | None, str, Any]:
-        kv = KeyValue.FromString(raw)
-        value = decode_any_value(kv.value)
-        col = ATTRIBUTE_COLUMNS.get(kv.key)
-        hit = (_COL_INDEX[col] if col is not None and _fits(col, value) else None, kv.key, value)
+        try:
+            kv = KeyValue.FromString(raw)
+            key, value = kv.key, decode_any_value(kv.value)
+        except (ProtoDecodeError, RecursionError):
+            # Invalid UTF-8 or nesting past protobuf's limit: the value, repaired, costs
+            # nothing else (it used to fail the request). Not cached: each use counts.
+            reader = RawValueReader()
+            key, value = reader.key_value(raw, 0, len(raw))
+            self.truncated += reader.truncated
+            col = ATTRIBUTE_COLUMNS.get(key)
+            return (_COL_INDEX[col] if col is not None and _fits(col, value) else None, key, value)
+        col = ATTRIBUTE_COLUMNS.get(key)
+        hit = (_COL_INDEX[col] if col is not None and _fits(col, value) else None, key, value)
         return self._caches.put(self._kv, raw, hit, len(raw))
 
     def status_of(self, raw: bytes) -> tuple[int, str | None]:
@@ -189,6 +200,13 @@ class SpanReader:
             self._span(buf, s_lo, s_hi, res, scope)
 
     def _span(self, buf: bytes, lo: int, hi: int, res: tuple[Any, ...], scope: str) -> None:
+        """One Span message; one whose events or links do not parse costs itself alone."""
+        try:
+            self._span_row(buf, lo, hi, res, scope)
+        except (ProtoDecodeError, RecursionError):
+            self.bad_spans += 1
+
+    def _span_row(self, buf: bytes, lo: int, hi: int, res: tuple[Any, ...], scope: str) -> None:
         """One Span message.
 
         Fast path: SDKs write a span's fields in field-number order, so ids, name, kind and

@@ -125,6 +125,7 @@ def start_collect(
     )
     line = proc.stdout.readline()
     found = re.search(r"http://\S+/v1/traces", line)
+    proc.banner = line  # type: ignore[attr-defined]  # the gRPC address, when asked for one
     if not found:
         proc.kill()
         raise AssertionError(f"no URL in {line!r}: {proc.communicate()[1][-2000:]}")

@@ -9,9 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 import chiptrace
 from chiptrace._attributes import attributes as span_attributes
+from chiptrace.collector.anyvalue import MAX_VALUE_DEPTH, TRUNCATED
 from chiptrace.collector.decode import DecodeError, decode, decode_any_value
 from chiptrace.collector.wire import MAX_CACHED_BYTES, Caches, SpanReader
 from chiptrace.schema import COLUMNS, chip_type_of
@@ -224,3 +226,36 @@ def test_chip_type_is_derived_from_chip_id_or_kept_as_sent() -> None:
         assert span_attributes(row) == attrs | (
             {"chip.type": columns[1]} if columns[1] and "chip.type" not in attrs else {}
         )
+
+
+def _span_with(req: ExportTraceServiceRequest, sid: int, key: str) -> AnyValue:
+    scope = req.resource_spans[0].scope_spans[0]
+    span = scope.spans.add()
+    span.trace_id, span.span_id, span.name = b"\x02" * 16, sid.to_bytes(8, "big"), f"s{sid}"
+    span.start_time_unix_nano, span.end_time_unix_nano = 10, 20
+    kv = span.attributes.add()
+    kv.key = key
+    return kv.value
+
+
+def test_bad_values_cost_the_value_not_the_request() -> None:
+    req = ExportTraceServiceRequest()
+    req.resource_spans.add().scope_spans.add()
+    _span_with(req, 1, "text").string_value = "PLACEHOLDER"
+    value = _span_with(req, 2, "deep")
+    for _ in range(34):  # 34 kvlists: 102 message levels, past protobuf's 100
+        value = value.kvlist_value.values.add(key="k").value
+    value.string_value = "bottom"
+    _span_with(req, 3, "fine").int_value = 7
+    body = req.SerializeToString().replace(b"PLACEHOLDER", b"PLACE\xffOLDER")
+    decoded = decode(body)
+    rows = {r["span_id"]: r for r in decoded.batch.to_pylist()}
+    assert len(rows) == 3 and decoded.rejected == 0
+    attrs = {sid[-1]: json.loads(r["attributes"]) for sid, r in rows.items()}
+    assert attrs[1] == {"text": "PLACE\ufffdOLDER"}  # replaced as in a span name
+    deep, depth = attrs[2]["deep"], 0
+    while isinstance(deep, dict):
+        deep, depth = deep["k"], depth + 1
+    assert (deep, depth) == (TRUNCATED, MAX_VALUE_DEPTH)
+    assert attrs[3] == {"fine": 7}
+    assert "1 attribute value(s) nested deeper than 32 levels cut" in decoded.message

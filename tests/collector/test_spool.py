@@ -17,6 +17,7 @@ from chiptrace.collector.sink import (
     partition_groups,
 )
 from chiptrace.collector.spool import PartialWrite, Spool, SpoolLimits, StoreUnavailable
+from chiptrace.collector.wal import PartTag
 from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
 from chiptrace.store import PartWriter
 from tests.waiting import wait_until
@@ -48,11 +49,11 @@ class FlakySink:
         self.failures = failures
         self.calls = 0
 
-    def write(self, table: pa.Table) -> None:
+    def write(self, table: pa.Table, tag: PartTag | None = None) -> None:
         self.calls += 1
         if self.calls <= self.failures:
             raise OSError(28, "No space left on device")
-        self.sink.write(table)
+        self.sink.write(table, tag)
 
 
 def test_a_failed_write_is_kept_retried_and_refuses_meanwhile(tmp_path: Path) -> None:
@@ -100,7 +101,7 @@ def test_byte_bound_refuses_after_waiting(tmp_path: Path) -> None:
     gate = threading.Event()
 
     class Stuck:
-        def write(self, table: pa.Table) -> None:
+        def write(self, table: pa.Table, tag: PartTag | None = None) -> None:
             gate.wait(30)
 
     limits = SpoolLimits(flush_interval_s=0.01, max_bytes=1 << 20, wait_s=0.2)

@@ -1,0 +1,102 @@
+"""Edge answers over HTTP: methods, lengths, TLS, trickling clients and the per-client cap."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.collector.test_collect import Collector, post, sample_request
+from tests.collector.test_http import HEAD, exchange
+from tests.waiting import wait_until
+
+
+@pytest.fixture
+def port(tmp_path: Path):  # type: ignore[no-untyped-def]
+    c = Collector(tmp_path / "c", read_timeout_s=5.0)
+    yield c.receiver.http_port
+    c.close()
+
+
+def test_get_is_405_with_allow(port: int) -> None:
+    status, body = exchange(port, b"GET /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 405 and b"POST" in body
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [[b"\xb2"], [b"1e3"], [b"-1"], [b"0x10"], [b"10", b"12"]],
+    ids=["superscript-two", "exponent", "negative", "hex", "conflicting"],
+)
+def test_malformed_or_conflicting_lengths_are_400(port: int, lengths: list[bytes]) -> None:
+    head = HEAD.encode() + b"".join(b"Content-Length: %s\r\n" % v for v in lengths)
+    status, body = exchange(port, head + b"\r\n" + b"x" * 12)
+    assert status == 400, body
+
+
+def test_length_and_chunked_together_are_400(port: int) -> None:
+    head = HEAD.encode() + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert exchange(port, head + b"0\r\n\r\n")[0] == 400
+
+
+def test_a_tls_handshake_is_closed_at_once_with_a_hint(
+    port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    hello = bytes.fromhex("16030100a5010000a10303") + bytes(160)  # a ClientHello's start
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="chiptrace"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(hello)
+            assert s.recv(100) == b""  # closed, not held until the 5 s read timeout
+    assert time.monotonic() - t0 < 3
+    wait_until(lambda: "TLS" in caplog.text, "the log line")
+    assert "plain HTTP" in caplog.text and "TLS-terminating proxy" in caplog.text
+
+
+def trickle(n: int, port: int, source: str) -> list[socket.socket]:
+    """`n` connections from `source` that send a request's first bytes and then stall."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind((source, 0))
+        s.settimeout(10)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"P")
+        socks.append(s)
+    return socks
+
+
+def test_trickling_clients_do_not_lock_out_real_posts(tmp_path: Path) -> None:
+    c = Collector(
+        tmp_path / "t",
+        max_connections=24,
+        max_connections_per_client=8,
+        header_timeout_s=1.0,
+        read_timeout_s=30.0,
+    )
+    port = c.receiver.http_port
+    try:
+        tricklers = trickle(24, port, "127.0.0.2")  # another loopback address: another client
+        try:
+            wait_until(lambda: c.receiver.http_connections >= 8, "the per-client cap filled")
+            for _ in range(8):  # real posts from 127.0.0.1 get in beside them
+                assert post(c.url, sample_request(5, 1))[0] == 200
+            # The 8 admitted tricklers are closed by the header deadline, not the 30 s idle one.
+            t0 = time.monotonic()
+            for s in tricklers:
+                try:
+                    while s.recv(1024):
+                        pass
+                except OSError:
+                    pass
+            assert time.monotonic() - t0 < 10
+        finally:
+            for s in tricklers:
+                s.close()
+    finally:
+        summary = c.close()
+    assert summary.refused >= 16  # the tricklers past the cap: 503, counted
+    assert "refused with 503" in summary.line()
