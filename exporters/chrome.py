@@ -127,7 +127,8 @@ class _Writer:
 
     def _emit(self, events: list[dict[str, Any]]) -> None:
         if events:
-            text = json.dumps(events, separators=(",", ":"))[1:-1]  # one C call per batch
+            # allow_nan=False: a NaN that slipped past json_safe fails here, not in Perfetto
+            text = json.dumps(events, separators=(",", ":"), allow_nan=False)[1:-1]
             self.fh.write(text if self._first else "," + text)
             self._first = False
 

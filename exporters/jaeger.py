@@ -32,11 +32,12 @@ def tag(key: str, value: Any) -> dict[str, Any]:
         return {"key": key, "type": "bool", "value": value}
     if isinstance(value, int):  # beyond 2^53 as a decimal string, as Jaeger writes int64s
         return {"key": key, "type": "int64", "value": A.json_safe(value)}
-    if isinstance(value, float):
-        return {"key": key, "type": "float64", "value": value}
+    if isinstance(value, float):  # NaN and infinities as "NaN", "Infinity", "-Infinity"
+        return {"key": key, "type": "float64", "value": A.json_safe(value)}
     if isinstance(value, str):
         return {"key": key, "type": "string", "value": value}
-    return {"key": key, "type": "string", "value": json.dumps(value, separators=(",", ":"))}
+    text = json.dumps(A.json_safe(value, big_ints=False), separators=(",", ":"), allow_nan=False)
+    return {"key": key, "type": "string", "value": text}
 
 
 def _span_tags(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -172,7 +173,8 @@ class _TraceWriter:
     def _write_spans(self, spans: list[dict[str, Any]]) -> None:
         if not spans:
             return
-        text = json.dumps(spans, separators=(",", ":"))[1:-1]  # one C call per chunk
+        # allow_nan=False: a NaN that slipped past json_safe fails here, never in a browser
+        text = json.dumps(spans, separators=(",", ":"), allow_nan=False)[1:-1]
         self.out.write(text if self.first_span else "," + text)
         self.first_span = False
         self.result.spans += len(spans)
@@ -187,7 +189,7 @@ class _TraceWriter:
             return
         self.out.write(
             '],"processes":'
-            + json.dumps(self.processes, separators=(",", ":"))
+            + json.dumps(self.processes, separators=(",", ":"), allow_nan=False)
             + ',"warnings":null}'
         )
         self.trace_id = None
