@@ -133,7 +133,9 @@ class TraceAnalysis:
         else:
             from chiptrace.query import connect
 
-            self.con = connect(source, memory_limit=MEMORY_LIMIT)
+            # verify: the analysis reads every span anyway; a part with a page that does not
+            # decode, NULL times or JSON that is not JSON is skipped (named), not a crash.
+            self.con = connect(source, memory_limit=MEMORY_LIMIT, verify=True)
             paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
             self.sources = [os.fspath(p) for p in paths]
         self.since_ns, self.until_ns = since_ns, until_ns
