@@ -227,13 +227,10 @@ def test_split_jaeger_json_files_each_load_alone(tmp_path: Path, capsys) -> None
     assert one.exists() and not list(tmp_path.glob("one-*.json"))  # under the default 400 MB
 
 
-def test_split_mb_only_for_jaeger_json(tmp_path: Path, capsys) -> None:
+def test_split_mb_only_for_files(tmp_path: Path, capsys) -> None:
     d = tmp_path / "t"
     _write(d, [_span(5, 1, 0, "x", 0, 10)])
-    assert (
-        main(["export", str(d), "--format", "chrome", "-o", str(tmp_path / "c"), "--split-mb", "5"])
-        == 2
-    )
+    assert main(["export", str(d), "--otlp", "http://127.0.0.1:9", "--split-mb", "5"]) == 2
     assert "--split-mb" in capsys.readouterr().err
 
 
