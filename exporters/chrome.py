@@ -277,6 +277,9 @@ class _Writer:
         if row.get("service"):
             args["service"] = row["service"]
         args.update(A.json_safe(A.attributes(row)))
+        links = A.links(row)
+        if links:  # drawn as flows; kept here too, so an import gets the span links back
+            args["links"] = A.json_safe(links)
         if row.get("status_code") == 2:
             args["status"] = "ERROR" + (
                 f": {row['status_message']}" if row.get("status_message") else ""
