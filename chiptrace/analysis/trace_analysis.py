@@ -132,6 +132,9 @@ class TraceAnalysis:
             self.sources: list[str] = []
         else:
             from chiptrace.query import connect
+            from chiptrace.store import refuse_overlapping_runs
+
+            refuse_overlapping_runs([source] if isinstance(source, (str, os.PathLike)) else source)
 
             # verify: the analysis reads every span anyway; a part with a page that does not
             # decode, NULL times or JSON that is not JSON is skipped (named), not a crash.
