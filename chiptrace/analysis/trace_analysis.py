@@ -261,6 +261,10 @@ class TraceAnalysis:
         out = _metrics.headline(x, self.workload_metrics(x))
         # Per-rank GPU time breakdown as HolisticTraceAnalysis defines it (analysis/ranks.py).
         out["ranks"] = rank_breakdown(self.con, self.since_ns, self.until_ns)
+        # What the peaks and bandwidths come from: a store without one (an imported or
+        # round-tripped trace) has no MFU, roofline or bandwidth rules, and says so.
+        topo = self.tables.topology
+        out["topology"] = {"chips": len(topo.chips), "links": len(topo.links)}
         return out
 
     def utilization(self, window_ms: float) -> pa.Table:

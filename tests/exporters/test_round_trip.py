@@ -65,3 +65,27 @@ def test_chrome_round_trip_keeps_every_rank_and_resource(
     )
     rows = [chiptrace.connect(d).sql(sql).fetchall() for d in (eight_ranks, back)]
     assert rows[0] == rows[1] and len(rows[0]) == RANKS
+
+
+def test_a_copy_without_topology_says_so_instead_of_resolved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    args = ["--steps", "2", "--fault", "slow:gpu:3:4", "--no-progress"]
+    assert main(["emulate", *args, "--out", str(run)]) == 0
+    chrome, copy = tmp_path / "c.json", tmp_path / "copy"
+    assert main(["export", str(run), "-f", "chrome", "-o", str(chrome)]) == 0
+    assert main(["import", str(chrome), "--out", str(copy)]) == 0
+    capsys.readouterr()
+
+    assert main(["report", str(copy)]) == 0
+    assert "no topology recorded" in capsys.readouterr().out
+    assert main(["diff", str(run), str(copy), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert any("B has no topology" in n for n in d["notes"])
+    compute = [f for f in d["findings"] if f["rule"] == "compute-bound"]
+    assert compute and all(f["status"] == "not judged" for f in compute)
+    assert not any(f["status"] == "resolved" for f in d["findings"])
+    assert main(["diff", str(run), str(copy)]) == 0
+    text = capsys.readouterr().out
+    assert "not judged compute-bound" in text and "resolved" not in text
