@@ -201,6 +201,16 @@ class SpanSource:
             raise QueryError(f"SQL error: {str(e).splitlines()[0]}") from e
         yield from reader
 
+    def run(self, sql: str) -> None:
+        """Run a statement on this source's connection, with the filtered spans as the
+        view `selected` (a temp table built from them, say).
+
+        Raises:
+            QueryError: DuckDB rejected it.
+        """
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW selected AS {self._selection}")
+        self._run_sql(self.con, sql)
+
     def table(self) -> pa.Table:
         """All selected spans in one table, sorted by trace, then start time."""
         return self._run_sql(
