@@ -95,9 +95,13 @@ class ChromeReader:
                     args = args if isinstance(args, dict) else {}
                     if isinstance(args.get("name"), str):
                         self._process.setdefault(e.pid, args["name"])
-                    # chiptrace's export: the process's resource, read back per span
+                    # Each span gets its own process's resource: chiptrace's export
+                    # writes it whole; other files name the process only.
                     if isinstance(args.get("resource"), dict):
                         self._resource.setdefault(e.pid, args)
+                    elif isinstance(args.get("name"), str):
+                        res = {"service.name": args["name"], "process.pid": e.pid}
+                        self._resource.setdefault(e.pid, {"resource": res})
             elif e.ph in ("s", "t", "f"):
                 t.flows += 1
             else:

@@ -89,3 +89,33 @@ def test_a_copy_without_topology_says_so_instead_of_resolved(
     assert main(["diff", str(run), str(copy)]) == 0
     text = capsys.readouterr().out
     assert "not judged compute-bound" in text and "resolved" not in text
+
+
+def test_a_chrome_file_with_several_processes_keeps_each_processes_resource(
+    tmp_path: Path,
+) -> None:
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "Browser"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "tid": 0, "args": {"name": "Renderer"}},
+    ]
+    for pid in (1, 2, 2):
+        events.append(
+            {"ph": "X", "name": f"task{pid}", "pid": pid, "tid": 7, "ts": 10, "dur": 5, "cat": "x"}
+        )
+    path = tmp_path / "browser.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    out = tmp_path / "t"
+    assert main(["import", str(path), "--out", str(out)]) == 0
+    rows = (
+        chiptrace.connect(out)
+        .sql(
+            "SELECT name, service, json_extract_string(resource, '$.\"service.name\"') "
+            "FROM spans ORDER BY name"
+        )
+        .fetchall()
+    )
+    assert rows == [
+        ("task1", "Browser", "Browser"),
+        ("task2", "Renderer", "Renderer"),
+        ("task2", "Renderer", "Renderer"),
+    ]
