@@ -131,8 +131,8 @@ class TraceAnalysis:
             self.con = source
             self.sources: list[str] = []
         else:
+            from chiptrace._runs import refuse_overlapping_runs
             from chiptrace.query import connect
-            from chiptrace.store import refuse_overlapping_runs
 
             refuse_overlapping_runs([source] if isinstance(source, (str, os.PathLike)) else source)
 

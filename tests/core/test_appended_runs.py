@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from chiptrace._runs import overlapping_runs
 from chiptrace.cli import main
-from chiptrace.store import overlapping_runs, part_files
+from chiptrace.store import part_files
 
 
 @pytest.fixture(scope="module")
