@@ -127,8 +127,19 @@ def _tags(tags: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for t in tags if isinstance(tags, list) else []:
         if isinstance(t, dict) and isinstance(t.get("key"), str):
-            out[t["key"]] = t.get("value")
+            out[t["key"]] = _typed(t.get("type"), t.get("value"))
     return out
+
+
+def _typed(kind: Any, value: Any) -> Any:
+    """A tag's value by its type: int64s past 2^53 and non-finite float64s come as
+    strings ("1152921504606846979", "NaN", "Infinity"), as the exporters write them."""
+    if isinstance(value, str) and kind in ("int64", "float64"):
+        try:
+            return int(value) if kind == "int64" else float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _id(path: Path, value: Any, size: int, what: str) -> bytes:

@@ -32,6 +32,9 @@ STATIC_COLUMNS = (
     "attributes",
     "pid",
     "service",
+    "host",  # set per span where a file names each process's (chiptrace's Chrome export)
+    "resource",
+    "links",  # given links (a chiptrace Chrome export's); launch links are found later
     "kind",
     "status_code",
     "status_message",
