@@ -10,15 +10,23 @@ that parses every request with opentelemetry-proto and counts the spans):
 
 It also times the encoders alone (bytes built, nothing sent) on the same spans.
 
-Usage: python3 benchmarks/bench_export.py [--quick]
+File exports (`--files`): an emulated run (`emulate --topology nvl72 --steps N`: 1.84M
+spans a step) written as Chrome JSON beside Jaeger JSON (the peer: the same store, the
+same SpanSource, the same machine), each `chiptrace export` in its own process: seconds,
+spans/s, files, bytes, and the process's peak RSS (target <= 1 GiB for any run).
+
+Usage: python3 benchmarks/bench_export.py [--quick] [--files [--steps N]]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -100,10 +108,56 @@ def bench_encoders(table) -> tuple[float, float]:
     return ours, sdk
 
 
+def _measured(argv: list[str]) -> tuple[float, float]:
+    """Run `chiptrace ARGV` in its own process: (seconds, peak RSS in MiB)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "chiptrace", *argv], stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, f"chiptrace {' '.join(argv)} exited {proc.returncode}"
+    return time.perf_counter() - t0, usage.ru_maxrss / 1024  # KiB on Linux
+
+
+def bench_files(steps: int, quick: bool) -> None:
+    """Chrome JSON beside Jaeger JSON from one emulated run: time, size, peak RSS."""
+    work = Path(tempfile.mkdtemp(prefix="chiptrace-bench-export-"))
+    try:
+        run = work / "run"
+        topo = ["--topology", "rack6"] if quick else ["--topology", "nvl72"]
+        secs, rss = _measured(["emulate", *topo, "--steps", str(steps), "--out", str(run)])
+        import chiptrace
+
+        spans = chiptrace.connect(run).sql("SELECT count(*) FROM spans_raw").fetchall()[0][0]
+        print(
+            f"\nFile exports of one emulated run ({' '.join(topo[1:])}, {steps} steps, "
+            f"{spans:,} spans; emulate {secs:.1f} s, peak RSS {rss:.0f} MiB)"
+        )
+        print(f"{'format':<34}{'s':>8}{'spans/s':>11}{'files':>7}{'MB':>9}{'peak RSS MiB':>14}")
+        for fmt in ("chrome", "jaeger-json"):
+            out = work / fmt / "trace.json"
+            out.parent.mkdir()
+            secs, rss = _measured(["export", str(run), "-f", fmt, "-o", str(out)])
+            files = sorted(out.parent.glob("*.json"))
+            mb = sum(f.stat().st_size for f in files) / 1e6
+            name = f"{fmt} (default --split-mb)"
+            print(
+                f"{name:<34}{secs:>8.1f}{spans / secs:>11,.0f}{len(files):>7}{mb:>9.0f}"
+                f"{rss:>14.0f}{'' if rss <= 1024 else '  MISSED <= 1024'}"
+            )
+            shutil.rmtree(out.parent)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small run (20,000 spans)")
+    ap.add_argument("--files", action="store_true", help="only the Chrome/Jaeger JSON files")
+    ap.add_argument("--steps", type=int, default=2, help="--files: nvl72 steps (1.84M spans each)")
     args = ap.parse_args()
+    if args.files:
+        bench_files(args.steps, args.quick)
+        return
     n = 20_000 if args.quick else 300_000
     n_sdk = 10_000 if args.quick else 60_000  # the SDK path is ~20x slower: keep the run short
 

@@ -10,6 +10,7 @@ Lenient: a malformed JSON column reads as empty rather than failing an export.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from chiptrace.schema import COLUMN_ATTRIBUTES
@@ -48,16 +49,25 @@ def attributes(row: dict[str, Any]) -> dict[str, Any]:
 MAX_SAFE_INT = 2**53 - 1  # beyond it a JSON number loses digits in JavaScript (the UIs)
 
 
-def json_safe(value: Any) -> Any:
-    """`value` with every integer beyond 2^53 as a decimal string, as Jaeger writes them:
-    the Jaeger UI and Perfetto read JSON numbers as doubles (1152921504606846979 would
-    show as 1152921504606847000)."""
+# JSON has no NaN or infinities (JSON.parse rejects the whole file on one): they are written
+# as the strings the OTLP JSON encoding uses for doubles.
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def json_safe(value: Any, big_ints: bool = True) -> Any:
+    """`value` as strict JSON takes it: every integer beyond 2^53 as a decimal string, as
+    Jaeger writes them (the Jaeger UI and Perfetto read JSON numbers as doubles:
+    1152921504606846979 would show as 1152921504606847000), and NaN and infinities as
+    "NaN", "Infinity", "-Infinity", as the OTLP JSON encoding writes them.
+    `big_ints=False` leaves integers as they are (JSON text inside a string stays exact)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _NON_FINITE[repr(value)]
     if isinstance(value, int) and not isinstance(value, bool):
-        return str(value) if abs(value) > MAX_SAFE_INT else value
+        return str(value) if big_ints and abs(value) > MAX_SAFE_INT else value
     if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v, big_ints) for k, v in value.items()}
     if isinstance(value, list):
-        return [json_safe(v) for v in value]
+        return [json_safe(v, big_ints) for v in value]
     return value
 
 

@@ -26,7 +26,7 @@ import duckdb
 import pyarrow as pa
 
 from chiptrace import _macros
-from chiptrace.errors import QueryError, StoreError
+from chiptrace.errors import QueryError, SchemaVersionError, StoreError
 from chiptrace.schema import COLUMNS, METRIC_COLUMNS, METRICS_SCHEMA, METRICS_TABLE, SPAN_SCHEMA
 from chiptrace.store import (
     expand_dirs,
@@ -34,6 +34,7 @@ from chiptrace.store import (
     part_files,
     read_manifests,
     remove_stale_temps,
+    warn_skipped,
 )
 
 log = logging.getLogger("chiptrace")
@@ -119,16 +120,15 @@ def connect(
     for d in dirs:
         remove_stale_temps(d)
     good, bad = good_parts(dirs)
-    for path, reason in bad:
-        log.warning("chiptrace: skipping unreadable part %s: %s", path, reason)
     # A run with host samples but no spans yet (`chiptrace record -- sleep 5`) is a trace.
     if (
         not good
         and not allow_empty
         and not any(part_files(d, "metrics") for d in dirs if d.is_dir())
     ):
-        names = ", ".join(str(d) for d in dirs)
-        raise StoreError(f"no trace parts in {names} (expected spans/*.parquet)")
+        _refuse(dirs, bad)
+    for path, reason in bad:
+        warn_skipped(path, reason)
     con = duckdb.connect(config=_config(threads, memory_limit))
     if verify:
         good = readable_parts(con, good)
@@ -141,6 +141,17 @@ def connect(
     attach_metrics(con, dirs)
     _macros.install(con)  # analysis macros: utilization(window_ms), link_throughput(...), ...
     return con
+
+
+def _refuse(dirs: list[Path], bad: list[tuple[Path, str]]) -> None:
+    """No part to read: one line saying why (the first bad part's reason, if any)."""
+    names = ", ".join(str(d) for d in dirs)
+    if not bad:
+        raise StoreError(f"no trace parts in {names} (expected spans/*.parquet)")
+    path, reason = bad[0]
+    more = f" (and {len(bad) - 1} more bad parts)" if len(bad) > 1 else ""
+    error = SchemaVersionError if "newer than this chiptrace" in reason else StoreError
+    raise error(f"no readable trace parts in {names}: {path}: {reason}{more}")
 
 
 def _config(threads: int | None, memory_limit: str | None) -> dict[str, Any]:
@@ -164,26 +175,82 @@ def _read_parquet_sql(parts: list[Path]) -> str:
     return f"read_parquet([{files}], union_by_name = true, hive_partitioning = false)"
 
 
+# What a part's rows must hold, checked in one scan with the decoding (verify): every
+# required column set, the JSON columns JSON. The analysis's json_extract fails the whole
+# query on one malformed value, and a NULL time poisons every duration.
+_REQUIRED = [f.name for f in SPAN_SCHEMA if not f.nullable]
+_JSON_COLUMNS = ("attributes", "events", "links", "resource")
+_NULLS = " OR ".join(f"{c} IS NULL" for c in _REQUIRED)
+_NOT_JSON = " OR ".join(f"NOT coalesce(json_valid({c}), true)" for c in _JSON_COLUMNS)
+_ROWS_SQL = (
+    "SELECT filename, {decode}, count(*) FILTER (WHERE {nulls}) AS nulls, "
+    "count(*) FILTER (WHERE {not_json}) AS not_json FROM {source} GROUP BY filename"
+)
+
+
+def _rows_reason(nulls: int, not_json: int) -> str | None:
+    if nulls:
+        return f"{nulls} rows with NULL in a required column ({', '.join(_REQUIRED)})"
+    if not_json:
+        return f"{not_json} rows whose {'/'.join(_JSON_COLUMNS)} are not JSON"
+    return None
+
+
+def rows_problem(table: pa.Table) -> str | None:
+    """Why the rows of a part read into Arrow cannot be used, by the rules verify applies
+    (NULL in a required column, JSON columns that are not JSON), or None. Only the
+    columns `table` has are checked."""
+    names = set(table.column_names)
+    nulls = " OR ".join(f"{c} IS NULL" for c in _REQUIRED if c in names) or "false"
+    bad_json = " OR ".join(
+        f"NOT coalesce(json_valid({c}), true)" for c in _JSON_COLUMNS if c in names
+    )
+    con = duckdb.connect()
+    try:
+        con.register("part", table)
+        n, j = con.sql(
+            f"SELECT count(*) FILTER (WHERE {nulls}), "
+            f"count(*) FILTER (WHERE {bad_json or 'false'}) FROM part"
+        ).fetchall()[0]
+    finally:
+        con.close()
+    return _rows_reason(n, j)
+
+
 def readable_parts(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> list[Path]:
-    """`parts` minus those with a data page that does not decode (each skipped with a
-    warning naming it). One scan over all of them; only when it fails, one per part."""
+    """`parts` minus those with a data page that does not decode, a NULL in a required
+    column, or a JSON column that is not JSON (each skipped with a warning naming it).
+    One scan over all of them; only when a page fails to decode, one per part."""
 
-    def decodes(files: list[Path]) -> bool:
+    def scan(files: list[Path]) -> dict[str, str] | None:
+        """Bad file -> reason, or None when a page does not decode."""
+        source = _read_parquet_sql(files).replace(
+            "hive_partitioning = false", "hive_partitioning = false, filename = true"
+        )
+        sql = _ROWS_SQL.format(
+            decode="min(hash(COLUMNS(* EXCLUDE (filename))))",
+            nulls=_NULLS,
+            not_json=_NOT_JSON,
+            source=source,
+        )
         try:
-            con.sql(f"SELECT min(hash(COLUMNS(*))) FROM {_read_parquet_sql(files)}").fetchall()
-            return True
+            rows = con.sql(f"SELECT filename, nulls, not_json FROM ({sql})").fetchall()
         except duckdb.Error:
-            return False
+            return None
+        return {name: why for name, n, j in rows if (why := _rows_reason(n, j))}
 
-    if not parts or decodes(parts):
+    if not parts:
         return parts
-    good = []
+    found = scan(parts)
+    if found is None:  # a page that does not decode fails the scan: find it part by part
+        found = {}
+        for p in parts:
+            one = scan([p])
+            found.update(one if one is not None else {str(p): "a data page does not decode"})
     for p in parts:
-        if decodes([p]):
-            good.append(p)
-        else:
-            log.warning("chiptrace: skipping unreadable part %s: a data page does not decode", p)
-    return good
+        if str(p) in found:
+            warn_skipped(p, found[str(p)])
+    return [p for p in parts if str(p) not in found]
 
 
 def attach_views(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> None:
@@ -207,7 +274,7 @@ def attach_metrics(con: duckdb.DuckDBPyConnection, dirs: list[Path]) -> None:
     # A part file given directly is a span part; metrics come from whole trace dirs only.
     parts, bad = good_parts([d for d in dirs if d.is_dir()], METRICS_TABLE, METRICS_SCHEMA)
     for path, reason in bad:
-        log.warning("chiptrace: skipping unreadable metrics part %s: %s", path, reason)
+        warn_skipped(path, reason)
     if parts:
         source = _read_parquet_sql(parts)
     else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 import secrets
@@ -33,6 +34,8 @@ import pyarrow.parquet as pq
 from chiptrace import _version
 from chiptrace.errors import SchemaVersionError, StoreError
 from chiptrace.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, SPAN_SCHEMA
+
+log = logging.getLogger("chiptrace")
 
 SPANS_DIR = "spans"
 MANIFEST_DIR = "manifest"
@@ -314,7 +317,54 @@ def check_part(path: Path, schema: pa.Schema | None = SPAN_SCHEMA) -> str | None
                 f"{path}: schema version {version} is newer than this chiptrace reads "
                 f"({SCHEMA_VERSION}); upgrade chiptrace"
             )
-    return schema_problem(arrow, schema) if schema is not None else None
+    if schema is None:
+        return None
+    return schema_problem(arrow, schema) or _footer_nulls(meta, schema)
+
+
+def _footer_nulls(meta: pq.FileMetaData, schema: pa.Schema) -> str | None:
+    """A required column with NULLs, as the footer's statistics count them (free: no page
+    is read; a part without statistics is caught by the content check of verify)."""
+    required = {f.name for f in schema if not f.nullable}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for i in range(group.num_columns):
+            col = group.column(i)
+            stats = col.statistics
+            if col.path_in_schema in required and stats is not None and stats.has_null_count:
+                if stats.null_count:
+                    return f"column {col.path_in_schema!r} has {stats.null_count} NULLs"
+    return None
+
+
+def part_problem(path: Path, schema: pa.Schema | None = SPAN_SCHEMA) -> str | None:
+    """Why a part cannot be read (`check_part`), a newer schema version included: every
+    reader skips such a part the same way, with one warning naming it."""
+    try:
+        return check_part(path, schema)
+    except SchemaVersionError as e:
+        return str(e).removeprefix(f"{path}: ")
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_skipped(path: Path, reason: str) -> None:
+    """Log that a part is skipped: once per part and reason in a process, however many
+    readers (a connection, the viewer's feed and its SQL) come across it."""
+    key = (str(path), reason)
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning("chiptrace: skipping unreadable part %s: %s", path, reason)
+
+
+def forget_skipped() -> None:
+    """Warn again about parts already named (a new command in the same process)."""
+    with _warned_lock:
+        _warned.clear()
 
 
 def good_parts(
@@ -325,9 +375,20 @@ def good_parts(
     bad: list[tuple[Path, str]] = []
     for d in dirs:
         for part in part_files(d, table):
-            reason = check_part(part, schema)
+            reason = part_problem(part, schema)
             (bad.append((part, reason)) if reason else good.append(part))
     return good, bad
+
+
+def usable_parts(
+    directory: Path, table: str = SPANS_DIR, schema: pa.Schema | None = SPAN_SCHEMA
+) -> list[Path]:
+    """The parts of one trace dir every reader may read; each bad one is skipped with one
+    warning naming it. The one gate for the viewer, the export and the analysis."""
+    good, bad = good_parts([directory], table, schema)
+    for path, reason in bad:
+        warn_skipped(path, reason)
+    return good
 
 
 # A part's temporary name while it is written: `.part-HOST-PID-NONCE-SEQ.parquet.HEX.tmp`

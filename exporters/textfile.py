@@ -74,10 +74,11 @@ class TextSeries:
         self.size = 0  # characters in the current file
         self.total = 0  # characters in all files
         self._temps: list[Path] = []
+        self._held: list[TextIO] = []  # files kept open by hold() for more at their end
         self.fh: TextIO | None = None
 
     def open(self) -> None:
-        """Start the first file, or the next one after `close_file()`."""
+        """Start the first file, or the next one after `close_file()` or `hold()`."""
         self.size = 0
         if self._stream:
             if str(self.path) == "-":
@@ -100,6 +101,17 @@ class TextSeries:
         """Whether the current file is at its limit, or would pass it with `coming` more."""
         return self.limit is not None and self.size + coming > self.limit
 
+    def hold(self) -> None:
+        """Keep the current file open (for `resume`) and start none yet: a writer that
+        ends each file with what it knows only when every file is written."""
+        if self.fh is not None:
+            self._held.append(self.fh)
+            self.fh = None
+
+    def resume(self, index: int) -> None:
+        """Go back to held file `index` (0-based, in the order they were held)."""
+        self.fh = self._held[index]
+
     def close_file(self) -> None:
         fh, self.fh = self.fh, None
         if fh is None:
@@ -118,7 +130,14 @@ class TextSeries:
             for i in range(1, len(self._temps) + 1)
         ]
 
+    def _close_held(self) -> None:
+        held, self._held = self._held, []
+        for fh in held:
+            if fh is not self.fh and fh is not sys.stdout:
+                fh.close()
+
     def commit(self) -> list[Path]:
+        self._close_held()
         self.close_file()
         names = self.names()
         if not self._stream:
@@ -128,6 +147,7 @@ class TextSeries:
 
     def abort(self) -> None:
         try:
+            self._close_held()
             self.close_file()
         finally:
             for tmp in self._temps:

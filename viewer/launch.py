@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from chiptrace.schema import CHIP_TYPES
-from chiptrace.store import part_files
+from chiptrace.store import usable_parts
 from chiptrace.viewer.alerts import Alert, derive_alerts
 from chiptrace.viewer.model import DEFAULT_BUCKET_NS, INGEST_COLUMNS, LiveModel, Snapshot
 from chiptrace.viewer.render import human_bytes_per_s, human_count, human_ns
@@ -28,7 +28,7 @@ def trace_extent(directory: Path) -> tuple[int, int] | None:
     """(first start, last end) of a trace dir from the parts' Parquet statistics, without
     reading any span; None when there are no parts or no statistics."""
     lo, hi = math.inf, -math.inf
-    for path in part_files(directory):
+    for path in usable_parts(directory):
         try:
             meta = pq.read_metadata(path)
         except Exception:  # noqa: BLE001 - a bad part is reported when it is read
@@ -79,7 +79,7 @@ def summarize_dir(directory: str | Path, window_ns: int | None = None) -> str:
     src = DirSource(directory)
     model.declare(src.manifests())
     window = window_ns or w or DEFAULT_BUCKET_NS * 100
-    parts = part_files(directory) if directory.is_dir() else []
+    parts = usable_parts(directory) if directory.is_dir() else []
     ends = [_part_end(p) for p in parts]
     known = [e for e in ends if e is not None]
     # Only the parts that reach into the last window are read, part by part and only the

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from chiptrace import query
 from chiptrace.errors import StoreError
-from chiptrace.store import check_part, part_files
+from chiptrace.store import part_files, part_problem, warn_skipped
 
 log = logging.getLogger("chiptrace")
 
@@ -54,10 +54,10 @@ class LiveStore:
     def _good(self, parts: list[Path]) -> list[Path]:
         for p in parts:
             if p not in self._usable:
-                reason = check_part(p)
+                reason = part_problem(p)
                 self._usable[p] = reason is None
                 if reason:
-                    log.warning("chiptrace: skipping unreadable part %s: %s", p, reason)
+                    warn_skipped(p, reason)
         return [p for p in parts if self._usable[p]]
 
     def _connection(self) -> duckdb.DuckDBPyConnection:

@@ -21,7 +21,13 @@ import pyarrow.parquet as pq
 from chiptrace._queue import BoundedQueue
 from chiptrace.errors import StoreError
 from chiptrace.schema import SPAN_SCHEMA
-from chiptrace.store import check_part, part_files, read_manifests, writer_gone
+from chiptrace.store import (
+    part_files,
+    part_problem,
+    read_manifests,
+    warn_skipped,
+    writer_gone,
+)
 
 log = logging.getLogger("chiptrace")
 
@@ -108,20 +114,26 @@ def read_part(path: Path, columns: list[str] | None = None) -> pa.Table | None:
     when it cannot be read."""
     schema = SPAN_SCHEMA if columns is None else pa.schema([SPAN_SCHEMA.field(c) for c in columns])
     try:
-        reason = check_part(path)
+        reason = part_problem(path)
         if reason:
-            log.warning("chiptrace: skipping unreadable part %s: %s", path, reason)
+            warn_skipped(path, reason)
             return None
         names = set(pq.read_schema(path).names)
         # decodes every page it reads: a corrupt one fails here
         table = pq.read_table(path, columns=[c for c in schema.names if c in names])
+        from chiptrace.query import rows_problem  # DuckDB: loaded when a part is read
+
+        reason = rows_problem(table)
+        if reason:
+            warn_skipped(path, reason)
+            return None
         missing = [f for f in schema if f.name not in table.column_names]
         for f in missing:  # an older part without a newer nullable column
             table = table.append_column(f, pa.nulls(table.num_rows, f.type))
         # Another writer's widths and encodings (int32 pids, plain strings) as ours.
         return table.select(schema.names).cast(schema)
     except (OSError, pa.ArrowException) as e:
-        log.warning("chiptrace: skipping part %s: %s", path, str(e).splitlines()[0])
+        warn_skipped(path, str(e).splitlines()[0] if str(e) else type(e).__name__)
         return None
 
 

@@ -45,14 +45,29 @@ def _metric_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, A
     return rows
 
 
-def _finding_rows(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+# Rules that judge against a topology's peaks or bandwidths: a side without a topology
+# cannot find them, so their absence there says nothing.
+NEEDS_TOPOLOGY = frozenset(
+    {"compute-bound", "memory-bound", "precision-opportunity", "link-bound", "link-down"}
+)
+
+
+def _no_topology(report: Mapping[str, Any]) -> bool:
+    return report.get("metrics", {}).get("topology") == {"chips": 0, "links": 0}
+
+
+def _finding_rows(
+    a: list[Mapping[str, Any]], b: list[Mapping[str, Any]], blind: bool = False
+) -> list[dict[str, Any]]:
     # The same rule and culprit in two workloads (a chip serving both) are two findings.
     ka = {(f["rule"], f["culprit"], f.get("step")): f for f in a}
     kb = {(f["rule"], f["culprit"], f.get("step")): f for f in b}
     rows = []
     for key in list(ka) + [k for k in kb if k not in ka]:
         fa, fb = ka.get(key), kb.get(key)
-        if fb is None:
+        if (fa is None or fb is None) and blind and key[0] in NEEDS_TOPOLOGY:
+            status = "not judged"  # the side without it has no topology to judge by
+        elif fb is None:
             status = "resolved"
         elif fa is None:
             status = "new"
@@ -78,7 +93,9 @@ def _finding_rows(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> lis
             }
         )
     order = {"new": 0, "worse": 1, "resolved": 2, "better": 3, "same": 4}
-    rows.sort(key=lambda r: (order[r["status"]], _RANK.get(r["b_severity"] or r["a_severity"], 9)))
+    rows.sort(
+        key=lambda r: (order.get(r["status"], 5), _RANK.get(r["b_severity"] or r["a_severity"], 9))
+    )
     return rows
 
 
@@ -88,12 +105,22 @@ def diff_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     Returns:
         ``{"a": sources, "b": sources, "metrics": [{metric, a, b, delta, ratio}],
         "findings": [{rule, culprit, step, status, a_severity, b_severity, a_share,
-        b_share, a_saving_ms, b_saving_ms, suggestion}]}`` with status one of new, worse,
-        resolved, better, same; findings match on (rule, culprit, step).
+        b_share, a_saving_ms, b_saving_ms, suggestion}], "notes": [text]}`` with status
+        one of new, worse, resolved, better, same, or "not judged" for a rule that needs a
+        topology (NEEDS_TOPOLOGY) found on one side only, the other having none (a note
+        says which); findings match on (rule, culprit, step).
     """
+    blind = [side for side, r in (("A", a), ("B", b)) if _no_topology(r)]
+    notes = [
+        f"{side} has no topology (chip peaks, link bandwidths): "
+        f"{', '.join(sorted(NEEDS_TOPOLOGY))} and MFU are not judged there"
+        for side in blind
+    ]
+    one = len(blind) == 1  # both blind: neither side finds them
     return {
         "a": a.get("sources", []),
         "b": b.get("sources", []),
         "metrics": _metric_rows(a.get("metrics", {}), b.get("metrics", {})),
-        "findings": _finding_rows(a.get("findings", []), b.get("findings", [])),
+        "findings": _finding_rows(a.get("findings", []), b.get("findings", []), one),
+        "notes": notes,
     }

@@ -60,6 +60,12 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
     ]
 
 
+NO_TOPOLOGY = (
+    "no topology recorded (chip peaks, link bandwidths): MFU, roofline and link-bandwidth "
+    "rules are not judged (emulate records one; an imported or round-tripped trace has none)"
+)
+
+
 def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
     """The report as terminal text: headline metrics, findings, critical path, chips."""
     m = d["metrics"]
@@ -74,6 +80,8 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
         f"  comm share {_pct(m.get('comm_share'))}   on critical path "
         f"{_pct(m.get('critical_path_comm_share'))}   MFU {_pct(m.get('mfu'))}"
     )
+    if m.get("topology") == {"chips": 0, "links": 0}:
+        out.append(f"  {NO_TOPOLOGY}")
     out += ["", "Findings (most severe first, across workloads)"]
     findings = d.get("findings", [])
     if not findings:
@@ -212,11 +220,12 @@ def render_diff(d: dict[str, Any], all_metrics: bool = False) -> str:
         out.append(
             f"  {_s(r['metric']):<32} {_fmt(r['a']):>14} {_fmt(r['b']):>14} {_fmt(r['ratio']):>8}"
         )
+    out += [f"  {note}" for note in d.get("notes", [])]
     out += ["", "Findings"]
     if not d["findings"]:
         out.append("  none in either run")
     for f in d["findings"]:
         sev = f"{f['a_severity'] or '-'} -> {f['b_severity'] or '-'}"
         where = f" [{f['step']}]" if f.get("step") else ""
-        out.append(f"  {f['status']:<9} {_s(f['rule']):<22} {_s(f['culprit']) + where:<40} {sev}")
+        out.append(f"  {f['status']:<10} {_s(f['rule']):<22} {_s(f['culprit']) + where:<40} {sev}")
     return "\n".join(out) + "\n"

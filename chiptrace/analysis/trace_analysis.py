@@ -131,9 +131,14 @@ class TraceAnalysis:
             self.con = source
             self.sources: list[str] = []
         else:
+            from chiptrace._runs import refuse_overlapping_runs
             from chiptrace.query import connect
 
-            self.con = connect(source, memory_limit=MEMORY_LIMIT)
+            refuse_overlapping_runs([source] if isinstance(source, (str, os.PathLike)) else source)
+
+            # verify: the analysis reads every span anyway; a part with a page that does not
+            # decode, NULL times or JSON that is not JSON is skipped (named), not a crash.
+            self.con = connect(source, memory_limit=MEMORY_LIMIT, verify=True)
             paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
             self.sources = [os.fspath(p) for p in paths]
         self.since_ns, self.until_ns = since_ns, until_ns
@@ -256,6 +261,10 @@ class TraceAnalysis:
         out = _metrics.headline(x, self.workload_metrics(x))
         # Per-rank GPU time breakdown as HolisticTraceAnalysis defines it (analysis/ranks.py).
         out["ranks"] = rank_breakdown(self.con, self.since_ns, self.until_ns)
+        # What the peaks and bandwidths come from: a store without one (an imported or
+        # round-tripped trace) has no MFU, roofline or bandwidth rules, and says so.
+        topo = self.tables.topology
+        out["topology"] = {"chips": len(topo.chips), "links": len(topo.links)}
         return out
 
     def utilization(self, window_ms: float) -> pa.Table:

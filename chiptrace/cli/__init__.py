@@ -91,6 +91,9 @@ def _main(argv: Sequence[str] | None) -> int:
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     root.propagate = False
+    from chiptrace.store import forget_skipped
+
+    forget_skipped()  # each command names each bad part it skips once
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:

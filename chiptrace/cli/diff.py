@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def load_side(path: str) -> dict[str, Any]:
     """A report dict from a trace dir or from a saved `report --json` file."""
     from chiptrace.analysis import TraceAnalysis
+    from chiptrace.cli._runs import check_given
     from chiptrace.errors import ChiptraceError
 
     p = Path(path)
@@ -36,10 +37,12 @@ def load_side(path: str) -> dict[str, Any]:
         except (OSError, ValueError) as e:
             raise ChiptraceError(f"{path}: not a readable report JSON ({e})") from e
         if not isinstance(data, dict) or "metrics" not in data or "findings" not in data:
+            check_given([path], "diff", several=False, run_flag=False)  # a trace file?
             raise ChiptraceError(
                 f"{path}: expected `chiptrace report --json` output (keys metrics, findings)"
             )
         return data
+    check_given([path], "diff", several=False, run_flag=False)
     return TraceAnalysis(path).report().to_dict()
 
 

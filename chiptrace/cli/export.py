@@ -37,8 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--split-mb",
         type=float,
         metavar="N",
-        help="jaeger-json: a document past N MB becomes FILE-001.json, FILE-002.json, ... each "
-        "loadable alone (default 400: the Jaeger UI fails past about 530 MB; 0: one file)",
+        help="a document past N MB becomes FILE-001.json, FILE-002.json, ... each loadable "
+        "alone; jaeger-json: whole traces (default 400: the Jaeger UI fails past about 530 MB); "
+        "chrome: windows of time (default 200: chrome://tracing fails past about 256 MB); "
+        "0: one file",
     )
     g = p.add_argument_group("which spans")
     g.add_argument(
@@ -144,6 +146,7 @@ def _otlp(args: argparse.Namespace, source: Any) -> int:
 
 def _file(args: argparse.Namespace, source: Any) -> int:
     from chiptrace.errors import ConfigError
+    from chiptrace.exporters.chrome import DEFAULT_SPLIT_MB as CHROME_SPLIT_MB
     from chiptrace.exporters.chrome import write_chrome_json
     from chiptrace.exporters.jaeger import DEFAULT_SPLIT_MB, write_jaeger_json
 
@@ -157,8 +160,11 @@ def _file(args: argparse.Namespace, source: Any) -> int:
         files = [str(f) for f in done.files]
         where = files[0] if len(files) == 1 else f"{files[0]} ... {files[-1]} ({len(files)} files)"
     else:
-        n = write_chrome_json(source, args.output)
-        what, where = f"{n:,} spans{context}", args.output
+        split = CHROME_SPLIT_MB if args.split_mb is None else args.split_mb
+        chrome = write_chrome_json(source, args.output, split_mb=split)
+        what = f"{chrome.slices:,} spans{context}"
+        files = [str(f) for f in chrome.files]
+        where = files[0] if len(files) == 1 else f"{files[0]} ... {files[-1]} ({len(files)} files)"
     if args.output != "-":
         print(f"wrote {what} to {where}")
     return 0
@@ -171,9 +177,9 @@ def run(args: argparse.Namespace) -> int:
     fmt = args.format or "otlp"
     if args.otlp is not None and fmt != "otlp":
         raise ConfigError(f"--otlp sends OTLP; it cannot be combined with --format {fmt}")
-    if args.split_mb is not None and (fmt != "jaeger-json" or args.split_mb < 0):
+    if args.split_mb is not None and (fmt == "otlp" or args.split_mb < 0):
         raise ConfigError(
-            f"--split-mb {args.split_mb:g}: expected MB >= 0, with --format jaeger-json only"
+            f"--split-mb {args.split_mb:g}: expected MB >= 0, with --format jaeger-json or chrome"
         )
     source = SpanSource(args.dirs, _filter(args))
     if fmt == "otlp":

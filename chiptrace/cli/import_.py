@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 NAME = "import"
 ORDER = 15
@@ -35,6 +36,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="processes decoding Kineto files beside this one (default: one per idle CPU, "
         "at most 4, for 48 MB of Kineto files or more; 0: none)",
     )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="add this import to an --out that already holds a trace (a run of its own)",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="store files that look like different jobs (duplicate ranks, different world "
+        "sizes, clocks hours apart) as one run",
+    )
     p.add_argument("--json", action="store_true", help="print the import summary as JSON")
 
 
@@ -63,8 +75,10 @@ class _Bar:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from chiptrace.cli.emulate import check_out
     from chiptrace.importers import import_trace
 
+    check_out(args.out, args.append)
     bar = _Bar()
     try:
         summary = import_trace(
@@ -74,11 +88,17 @@ def run(args: argparse.Namespace) -> int:
             align=args.align,
             progress=bar if bar.on else None,
             workers=args.workers,
+            merge=args.merge,
         )
     finally:
         bar.close()
+    _warn(summary.files)
     if args.json:
         sys.stdout.write(json.dumps(summary.as_dict(), indent=1) + "\n")
+    if not summary.spans:  # an empty store is no trace: say why, and fail
+        sys.stderr.write(f"chiptrace: error: {_why_empty(summary.files)}; nothing stored\n")
+        return 1
+    if args.json:
         return 0
     out = sys.stdout
     for f in summary.files:
@@ -97,3 +117,27 @@ def run(args: argparse.Namespace) -> int:
 
 def _reasons(skipped: dict[str, int]) -> str:
     return ", ".join(f"{n} {why}" for why, n in sorted(skipped.items(), key=lambda kv: -kv[1]))
+
+
+def _warn(files: list[dict[str, Any]]) -> None:
+    """Files loaded in part, categories mapped to no chip: on stderr, whatever the output."""
+    for f in files:
+        for warning in f.get("warnings", []):
+            sys.stderr.write(f"warning: {f['path']}: {warning}\n")
+        for cat, n in f.get("unrecognised", {}).items():
+            sys.stderr.write(
+                f"warning: {f['path']}: {n} events of unrecognised category {cat!r} "
+                "stored as host work on cpu:0\n"
+            )
+
+
+def _why_empty(files: list[dict[str, Any]]) -> str:
+    """Why no span was stored: what each file held instead."""
+    parts = []
+    for f in files:
+        skipped = f.get("skipped", {})
+        held = f"{f.get('events', 0)} events" if f.get("events") else "no events"
+        extra = f" ({_reasons(skipped)} skipped)" if skipped else ""
+        parts.append(f"{f['path']}: {held}{extra}")
+    kinds = "complete (X) or begin/end (B/E) events, or spans"
+    return f"0 spans: no file held {kinds}; " + "; ".join(parts)

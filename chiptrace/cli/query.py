@@ -16,6 +16,7 @@ DESCRIPTION = (
     "Views: spans, spans_raw, chips, links, runs, metrics, plus the analysis macros (see docs/sql.md)."
 )
 FORMATS = ("table", "csv", "json", "parquet")
+_HINTS = ("Did you mean", "Candidate bindings")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", "-f", choices=FORMATS, default="table")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--max-rows", type=int, default=100, help="rows shown in table format")
+    from chiptrace.cli._runs import add_run_argument
+
+    add_run_argument(p)
 
 
 def format_table(table: Any, max_rows: int = 100) -> str:
@@ -48,7 +52,7 @@ def format_table(table: Any, max_rows: int = 100) -> str:
 
     text = [line(names), "  ".join("-" * w for w in widths)]
     text += [line(r) for r in rows]
-    more = table.num_rows - len(shown)
+    more = max(table.num_rows - len(shown), 0)
     text.append(
         f"({table.num_rows} row{'s' if table.num_rows != 1 else ''}"
         + (f", {more} not shown; use --max-rows or --format csv" if more else "")
@@ -96,17 +100,40 @@ def write_result(table: Any, fmt: str, output: str | None, max_rows: int = 100) 
 
 
 def run(args: argparse.Namespace) -> int:
+    from chiptrace.cli._runs import pick
     from chiptrace.errors import QueryError
     from chiptrace.query import connect, is_data_error, run_sql
 
+    if not args.sql.strip().strip(";").strip():
+        raise QueryError(
+            "empty SQL: give a query, e.g. chiptrace query DIR 'SELECT count(*) FROM spans'"
+        )
+    runs = pick(args.dirs, args.run, "query")
+    if len(runs) > 1:  # one dataset, as asked; but say that it mixes runs
+        listed = "; ".join(r.describe() for r in runs)
+        sys.stderr.write(
+            f"chiptrace: note: {len(runs)} runs queried as one ({listed}); "
+            "--run ID queries one of them\n"
+        )
+    args.dirs = [p for r in runs for p in r.paths]
     con = connect(args.dirs)
     try:
         table = run_sql(con, args.sql)
     except QueryError as e:
         if not is_data_error(e):
-            raise
+            raise _with_hints(e) from e.__cause__
         # A data page that does not decode (the footer was fine): find the part, skip it
         # with a warning, and answer from the rest.
         table = run_sql(connect(args.dirs, verify=True), args.sql)
     write_result(table, args.format, args.output, args.max_rows)
     return 0
+
+
+def _with_hints(error: Exception) -> Exception:
+    """The SQL error with DuckDB's hints (`Did you mean "spans"?`, `Candidate bindings:`),
+    which run_sql's first line leaves out: they are the way to the right query."""
+    lines = str(error.__cause__ or "").strip().splitlines()
+    hints = [h.strip() for h in lines[1:] if h.strip().startswith(_HINTS)]
+    if not hints:
+        return error
+    return type(error)(" ".join([str(error), *hints]))

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="steps analysed span by span (critical path, overlap); default 5",
     )
+    from chiptrace.cli._runs import add_run_argument
+
+    add_run_argument(p)
     p.add_argument(
         "--max-step-spans",
         type=int,
@@ -61,12 +64,24 @@ def run(args: argparse.Namespace) -> int:
     from chiptrace.analysis import TraceAnalysis
     from chiptrace.analysis.render_html import render_html
     from chiptrace.analysis.render_text import render_report
+    from chiptrace.cli._runs import pick
     from chiptrace.errors import ChiptraceError
 
     if args.sample_steps < 0:
         raise ChiptraceError(f"--sample-steps {args.sample_steps}: expected 0 or more")
+    runs = pick(args.dirs, args.run, "report")
+    if len(runs) > 1:  # several runs are never one report: each of them, said so
+        if args.json or args.html:
+            listed = "; ".join(r.describe() for r in runs)
+            raise ChiptraceError(f"{len(runs)} runs given ({listed}): add --run ID for one")
+        for no, r in enumerate(runs):
+            sys.stdout.write(("\n" if no else "") + f"== run {no + 1} of {len(runs)}: ")
+            sys.stdout.write(r.describe() + "\n")
+            args.dirs, args.run = list(r.dirs), r.id
+            run(args)
+        return 0
     ta = TraceAnalysis(
-        args.dirs,
+        list(runs[0].paths),
         since_ns=args.since_ns,
         until_ns=args.until_ns,
         step_name=args.step,

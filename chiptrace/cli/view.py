@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import sys
 import threading
 import time
@@ -45,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="replay a finished trace paced to wall time (SPEED x real time)",
     )
     p.add_argument("--window-ms", type=float, metavar="MS", help="initial dashboard window")
+    from chiptrace.cli._runs import add_run_argument
+
+    add_run_argument(p)
     p.add_argument("--no-ui", action="store_true", help="print the dashboard once as text and exit")
     p.add_argument(
         "--screenshot",
@@ -63,7 +67,21 @@ def run(args: argparse.Namespace) -> int:
         raise ViewArgumentError(
             "give a trace DIR to follow, or --otlp [HOST:PORT] to receive spans"
         )
+    from chiptrace.cli._runs import check_given, pick
+
     directory = Path(args.dir)
+    if args.run:  # one of the runs in DIR (or DIR itself, or the glob's)
+        inside = directory.is_dir() and not (directory / "spans").is_dir()
+        found = pick([str(directory / "*") if inside else str(directory)], args.run, "view")
+        directory = Path(found[0].dirs[0])
+    else:
+        check_given([args.dir], "view", several=False)
+        runs = pick([args.dir], None, "view") if glob.has_magic(args.dir) else []
+        if len(runs) > 1:  # the viewer follows one run
+            listed = "; ".join(r.describe() for r in runs)
+            raise ViewArgumentError(f"{args.dir}: {len(runs)} runs ({listed}): add --run ID")
+        if runs:
+            directory = Path(runs[0].dirs[0])
     if directory.exists() and not directory.is_dir():
         raise StoreError(f"{args.dir}: expected a trace directory, not a file")
     if args.replay is not None and args.replay <= 0:

@@ -88,6 +88,7 @@ def import_trace(
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
     within: Within | None = None,
+    merge: bool = False,
 ) -> ImportSummary:
     """Import trace files into the trace dir `out` (created if missing).
 
@@ -103,13 +104,16 @@ def import_trace(
             files hold 48 MB or more. Only on Linux, from a process with no other thread.
         within: a recorded run in `out` whose spans the imported events nest under, on
             the same clock (see chiptrace.importers.within; chiptrace.torch uses it).
+        merge: store files that look like different jobs (duplicate ranks, different world
+            sizes, clocks hours apart) as one run instead of refusing them.
 
     Returns:
         What was stored (`ImportSummary`).
 
     Raises:
-        TraceFormatError: a file that is not a trace of the expected format, or cut short
-            (nothing is written to `out` then).
+        TraceFormatError: a file that is not a trace of the expected format, or files of
+            different jobs without `merge` (nothing is written to `out` then). A summary
+            with no spans means nothing was written either.
     """
     import pyarrow as pa
 
@@ -134,7 +138,9 @@ def import_trace(
     pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
     try:
-        summary = run_import(files, formats, Path(out), align, seed, progress, workers, within)
+        summary = run_import(
+            files, formats, Path(out), align, seed, progress, workers, within, merge
+        )
     finally:
         pa.set_memory_pool(pool)
     summary.seconds = time.perf_counter() - t0

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from chiptrace.importers import arrow, tree
 from chiptrace.importers.plan import Block, FileFacts, concat
@@ -174,7 +175,7 @@ class Assembler:
                 parent_span_id=ids_to_binary(ids.parent[sl], zero_is_null=True),
                 start_ns=arrow.numeric(start[sl] + offset),
                 end_ns=arrow.numeric(end[sl] + offset),
-                links=tree.link_column(has_link, traces[ids.trace[lr]], ids.span[lr]),
+                links=_links(cols.get("links"), has_link, traces[ids.trace[lr]], ids.span[lr]),
                 **{
                     c: arrow.constant(v, k)
                     for c, v in const.items()
@@ -261,6 +262,16 @@ class Assembler:
             "scope": facts.format,
             "resource": dumps(res),
         }
+
+
+def _links(
+    given: pa.Array | None, has: np.ndarray, traces: np.ndarray, spans: np.ndarray
+) -> pa.Array:
+    """Each row's launch link where one was found, else the links the file gave."""
+    found = tree.link_column(has, traces, spans)
+    if given is None or given.null_count == len(given):
+        return found
+    return pc.if_else(pa.array(has), found, given.cast(pa.string()))
 
 
 def _batch(cols: dict[str, Any], n: int) -> pa.RecordBatch:

@@ -21,9 +21,10 @@ from chiptrace.importers.plan import ROLE_CPU, Block, FileFacts
 from chiptrace.importers.source import TraceEventStream
 from chiptrace.importers.spans import columns_of
 from chiptrace.importers.writer import write_spill
+from chiptrace.schema import dumps
 
 _ANY = msgspec.json.Decoder(list[Any])
-_RESERVED = ("trace_id", "span_id", "parent_span_id", "service", "status")
+_RESERVED = ("trace_id", "span_id", "parent_span_id", "service", "status", "links")
 
 
 class ChromeReader:
@@ -38,6 +39,7 @@ class ChromeReader:
         self._open: dict[tuple[Any, Any], list[ev.Event]] = {}
         self._threads: dict[tuple[int, int], int] = {}
         self._process: dict[Any, str] = {}
+        self._resource: dict[Any, dict[str, Any]] = {}  # pid -> host, service, resource
 
     def blocks(self, spill_for: Callable[[int], str], pool: Any = None) -> Iterator[Block]:
         """The file's blocks, their static columns staged in `spill_for(block number)`
@@ -89,9 +91,17 @@ class ChromeReader:
             elif e.ph == "M":
                 t.metadata += 1
                 if e.name == "process_name":
-                    name = _ANY.decode(b"[" + (bytes(e.args) or b"{}") + b"]")[0].get("name")
-                    if isinstance(name, str):
-                        self._process.setdefault(e.pid, name)
+                    args = _ANY.decode(b"[" + (bytes(e.args) or b"{}") + b"]")[0]
+                    args = args if isinstance(args, dict) else {}
+                    if isinstance(args.get("name"), str):
+                        self._process.setdefault(e.pid, args["name"])
+                    # Each span gets its own process's resource: chiptrace's export
+                    # writes it whole; other files name the process only.
+                    if isinstance(args.get("resource"), dict):
+                        self._resource.setdefault(e.pid, args)
+                    elif isinstance(args.get("name"), str):
+                        res = {"service.name": args["name"], "process.pid": e.pid}
+                        self._resource.setdefault(e.pid, {"resource": res})
             elif e.ph in ("s", "t", "f"):
                 t.flows += 1
             else:
@@ -124,12 +134,18 @@ class ChromeReader:
                     "service": a.get("service") or self._process.get(rows.pid[i]),
                     "status_code": 2 if code == "ERROR" else 0,
                     "status_message": msg or None,
+                    "links": a.get("links") if isinstance(a.get("links"), list) else None,
                 }
             )
             ids["trace"].append(_hex_bytes(a.get("trace_id"), 16))
             ids["span"][i] = _hex_int(a.get("span_id"))
             ids["parent"][i] = _hex_int(a.get("parent_span_id"))
-        cols = columns_of(spans)
+        cols: dict[str, list[Any]] = columns_of(spans)
+        cols["links"] = [dumps(sp["links"]) if sp["links"] else None for sp in spans]
+        if self._resource:
+            procs = [self._resource.get(p, {}) for p in rows.pid]
+            cols["resource"] = [dumps(p["resource"]) if p else None for p in procs]
+            cols["host"] = [p.get("host") or None for p in procs]
         columns = {k: pa.array(v) for k, v in cols.items() if any(x is not None for x in v)}
         columns["pid"] = pa.array(np.clip(pid, 0, (1 << 31) - 1), pa.int32())
         static = ev.static_batch(columns, n)

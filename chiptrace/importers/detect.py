@@ -21,6 +21,11 @@ _KINETO_HINTS = (
     b'"cat": "kernel"',
     b'"cat": "user_annotation"',
     b'"cat": "cuda_runtime"',
+    # The PyTorch 1.8-1.9 profiler: capitalised categories, its name in every op's args
+    # (its first files were a bare array with no schemaVersion).
+    b'"Trace name": "PyTorch Profiler"',
+    b'"name": "PyTorch Profiler (0)"',
+    b'"cat": "Runtime"',
 )
 
 
@@ -35,7 +40,7 @@ def detect(path: str | os.PathLike[str]) -> str:
         raise TraceFormatError(f"{path}: empty file; {EXPECTED}")
     if text[:1] not in (b"{", b"["):
         raise TraceFormatError(f"{path}: not JSON (starts with {text[:12]!r}); {EXPECTED}")
-    first_key = re.match(rb'\{\s*"([^"]{1,40})"', text)
+    first_key = re.match(rb'\[?\s*\{\s*"([^"]{1,40})"', text)
     key = first_key.group(1) if first_key else b""
     if b'"resourceSpans"' in text[:4096] or key == b"resourceSpans":
         return "otlp-json"

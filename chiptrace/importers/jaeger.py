@@ -1,4 +1,5 @@
-"""Jaeger JSON (`{"data": [traces]}` as the UI and the query API give it, or one bare trace)
+"""Jaeger JSON (`{"data": [traces]}` as the UI and the query API give it, one bare trace, or
+a bare array of spans)
 -> span batches. Tags are typed attributes (chip.*, link.*, op.* to their columns),
 CHILD_OF the parent, FOLLOWS_FROM links, logs events, the process the resource. Jaeger
 keeps microseconds, so times come back to the microsecond.
@@ -98,6 +99,8 @@ def read_jaeger_json(path: str | os.PathLike[str]) -> JaegerFile:
     except msgspec.DecodeError as e:
         raise JaegerFormatError(f"{path}: not JSON ({e}); expected Jaeger JSON") from None
     traces = doc.get("data") if isinstance(doc, dict) and "data" in doc else [doc]
+    if isinstance(doc, list):  # a bare array of spans (jaeger's anonymizer/uiconv files)
+        traces = _group_spans(path, doc)
     if not isinstance(traces, list):
         raise JaegerFormatError(f'{path}: expected Jaeger JSON: {{"data": [traces]}}')
     out = JaegerFile([])
@@ -108,12 +111,35 @@ def read_jaeger_json(path: str | os.PathLike[str]) -> JaegerFile:
     return out
 
 
+def _group_spans(path: Any, spans: list[Any]) -> list[dict[str, Any]]:
+    """A bare array of spans, each with its traceID (and process inline), as traces."""
+    by_trace: dict[str, list[Any]] = {}
+    for i, sp in enumerate(spans):
+        if not isinstance(sp, dict) or "traceID" not in sp:
+            raise JaegerFormatError(
+                f"{path}: element #{i} of the array is not a Jaeger span with a traceID"
+            )
+        by_trace.setdefault(str(sp["traceID"]), []).append(sp)
+    return [{"traceID": t, "spans": sps} for t, sps in by_trace.items()]
+
+
 def _tags(tags: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for t in tags if isinstance(tags, list) else []:
         if isinstance(t, dict) and isinstance(t.get("key"), str):
-            out[t["key"]] = t.get("value")
+            out[t["key"]] = _typed(t.get("type"), t.get("value"))
     return out
+
+
+def _typed(kind: Any, value: Any) -> Any:
+    """A tag's value by its type: int64s past 2^53 and non-finite float64s come as
+    strings ("1152921504606846979", "NaN", "Infinity"), as the exporters write them."""
+    if isinstance(value, str) and kind in ("int64", "float64"):
+        try:
+            return int(value) if kind == "int64" else float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _id(path: Path, value: Any, size: int, what: str) -> bytes:

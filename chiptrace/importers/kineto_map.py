@@ -24,13 +24,16 @@ import pyarrow as pa
 
 from chiptrace.importers import arrow
 from chiptrace.importers import events as ev
+from chiptrace.importers.categories import (
+    ANNOTATION,
+    DEVICE,
+    FREE,
+    LAUNCH,
+    canonical,
+    category_class,
+)
 from chiptrace.importers.plan import ROLE_CPU, ROLE_DEVICE, ROLE_FREE, ROLE_LAUNCH, ROLE_STEP
 
-DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "mtia_ccp_events"})
-LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime", "privateuse1_runtime"})
-FREE_CATS = frozenset({"gpu_user_annotation", "Trace"})
-# What a category is to the mapping; annotations may be profiler steps.
-HOST, LAUNCH, DEVICE, FREE, ANNOTATION = 0, 1, 2, 3, 4
 OP_KINDS = ("host", "launch", "compute", "comm", "memcpy", "memset", "sync")
 _OP = {k: i for i, k in enumerate(OP_KINDS)}
 _FLOWS = ("s", "t", "f")
@@ -74,24 +77,15 @@ def dtype_bytes(dtype: str) -> int | None:
     return _DTYPE_BYTES.get(dtype.lower().replace("c10::", ""))
 
 
-def category_class(cat: str) -> int:
-    if cat in DEVICE_CATS:
-        return DEVICE
-    if cat in LAUNCH_CATS:
-        return LAUNCH
-    if cat in FREE_CATS:
-        return FREE
-    return ANNOTATION if cat == "user_annotation" else HOST
-
-
 def device_kind(cat: str, name: str) -> tuple[int, int]:
     """(op kind code, copy direction) of a device event."""
+    cat = canonical(cat)
     if cat == "gpu_memcpy":
         tag = name[7:11] if name.startswith("Memcpy ") else ""
         return _OP["memcpy"], HTOD if tag == "HtoD" else DTOH if tag == "DtoH" else NO_COPY
     if cat == "gpu_memset":
         return _OP["memset"], NO_COPY
-    if cat == "cuda_sync":
+    if cat in ("cuda_sync", "xpu_sync"):
         return _OP["sync"], NO_COPY
     if cat == "mtia_ccp_events":
         low = name.lower()
@@ -193,6 +187,12 @@ class _Rows:
     ) -> None:
         n = len(pid)
         self.n, self.pid, self.end, self.args = n, pid, end, args
+        # ProfilerStep#N is a user_annotation now, an `Operator` in the 1.8-1.9 profiler:
+        # the step is one whatever the generation (its `Operator` spelling is not kept).
+        pairs = [
+            ("user_annotation", m) if canonical(c) == "cpu_op" and _STEP.match(m) else (c, m)
+            for c, m in pairs
+        ]
         self.pair_codes = pair_codes
         pair_cat, self.cats = arrow.encode([c for c, _ in pairs], len(pairs))
         pair_name, self.names = arrow.encode([m for _, m in pairs], len(pairs))
@@ -239,7 +239,9 @@ class _Rows:
         dev = np.array([a.device for a in parsed], np.int64)
         pid = self.pid[rows]
         dev = np.where(dev >= 0, dev, np.where(pid >= 0, pid, 0))
-        npu = np.array([c.startswith("mtia") for c in self.cats], bool)[self.cat_codes[rows]]
+        npu = np.array([canonical(c).startswith("mtia") for c in self.cats], bool)[
+            self.cat_codes[rows]
+        ]
         keys, chip = np.unique(dev * 2 + npu, return_inverse=True)
         self.chips += [f"{'npu' if k & 1 else 'gpu'}:{k >> 1}" for k in keys.tolist()]
         self.chip[rows] = 1 + chip.reshape(-1)
@@ -313,7 +315,13 @@ class _Rows:
         bodies, members = ev.args_bodies(self.args)
         key = (self.cat_codes.astype(np.int64) * len(tids) + tid_codes.reshape(-1)) * 2 + members
         keys, codes = np.unique(key, return_inverse=True)
-        cat_json = [ev.json_text(c) for c in self.cats]
+        # The category by its current name (what the analysis matches), the original beside
+        # it where an older profiler spelled it otherwise.
+        cat_json = [
+            ev.json_text(canonical(c))
+            + ("" if canonical(c) == c else f',"kineto.cat_original":{ev.json_text(c)}')
+            for c in self.cats
+        ]
         tid_json = [ev.json_text(tid_values[i]) for i in first.tolist()]
         prefixes = [
             f'"kineto.cat":{cat_json[k // 2 // len(tids)]},'

@@ -32,6 +32,9 @@ STATIC_COLUMNS = (
     "attributes",
     "pid",
     "service",
+    "host",  # set per span where a file names each process's (chiptrace's Chrome export)
+    "resource",
+    "links",  # given links (a chiptrace Chrome export's); launch links are found later
     "kind",
     "status_code",
     "status_message",
@@ -73,6 +76,7 @@ class FileFacts:
     tally: dict[str, Any] = field(default_factory=dict)
     spans: int = 0
     events: int = 0
+    warnings: list[str] = field(default_factory=list)  # loaded in part (a file cut short)
 
 
 def concat(blocks: list[Block], name: str) -> np.ndarray:

@@ -28,7 +28,7 @@ from chiptrace.importers.writer import write_spill
 
 # Below this many bytes of Trace Event files the workers' start-up costs more than it saves.
 MIN_POOL_BYTES = 48 << 20
-_DECODER = msgspec.json.Decoder(list[ev.Event])
+_DECODER = msgspec.json.Decoder(list[ev.Event], strict=False)  # as TraceEventStream
 
 
 def worker_count(requested: int | None, total_bytes: int) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 from chiptrace.importers import ImportSummary
 from chiptrace.importers.assemble import Assembler, Pending
+from chiptrace.importers.jobs import check_one_job
 from chiptrace.importers.plan import FileFacts
 from chiptrace.importers.pool import Pool, worker_count
 from chiptrace.importers.within import Within
@@ -49,6 +50,7 @@ def run_import(
     progress: Callable[[int, int], None] | None,
     workers: int | None = None,
     within: Within | None = None,
+    merge: bool = False,
 ) -> ImportSummary:
     manifest: dict[str, Any] = {
         "source": "import",
@@ -82,9 +84,14 @@ def run_import(
                 progress(done_bytes, total_bytes)
         if pool is not None:
             pool.close()  # the workers' memory goes before the second pass
+        if not merge and within is None:
+            check_one_job(pending)
         asm = Assembler(staging, seed, align, within)
         asm.finish(pending)
         summary = _summary(out, facts, pending, asm.offsets, n_workers)
+        if not summary.spans and within is None:
+            staging.abort()  # nothing to store: the dir stays as it was
+            return summary
         staging.commit(
             spans_skipped=summary.skipped,
             run_id=within.run_id if within is not None and within.run_id else seed[:8].hex(),
@@ -116,6 +123,7 @@ def _read_events(
             # Bytes read are gunzipped bytes: scale them to the file's share of the total.
             frac = min(reader.stream.bytes_read / max(size * 8, 1), 0.95)
             progress(done + int(size * frac), total)
+    reader.facts.warnings = list(reader.stream.warnings)
     return pending
 
 
@@ -141,6 +149,14 @@ def _file_summary(f: FileFacts) -> dict[str, Any]:
         out["events"] = f.events
     if f.categories:
         out["categories"] = dict(sorted(f.categories.items()))
+    if f.format == "kineto":
+        from chiptrace.importers.categories import unrecognised
+
+        unknown = unrecognised(f.categories)
+        if unknown:  # stored as host work on cpu:0: said, never silent
+            out["unrecognised"] = unknown
+    if f.warnings:
+        out["warnings"] = f.warnings
     out["skipped"] = dict(f.tally.get("skipped", {}))
     for key in ("metadata", "flows"):
         if f.tally.get(key):

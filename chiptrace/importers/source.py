@@ -30,6 +30,7 @@ BLOCK_BYTES = 2 << 20
 BIG_BLOCK_BYTES, BIG_AFTER = 8 << 20, 64 << 20
 _READ_BYTES = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
+_BOM = b"\xef\xbb\xbf"
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
@@ -46,13 +47,25 @@ def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
         TraceFormatError: the file cannot be opened.
     """
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+        raw = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
     except OSError as e:
         raise TraceFormatError(f"cannot read {path}: {e.strerror}") from e
-    if fh.read(2) == _GZIP_MAGIC:
+    fh: IO[bytes] = raw
+    zipped = raw.read(2) == _GZIP_MAGIC
+    if zipped:
+        raw.close()
+        fh = cast(IO[bytes], gzip.open(path, "rb"))  # a GzipFile is one; typeshed disagrees
+    else:
+        raw.seek(0)
+    try:
+        if fh.read(3) != _BOM:  # a UTF-8 byte order mark (Windows editors write one): skipped
+            fh.seek(0)
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
+        if not zipped:
+            raise TraceFormatError(f"cannot read {path}: {e}") from None
+        # Damage shows when the file is read (as one line): start that read afresh.
         fh.close()
-        return cast(IO[bytes], gzip.open(path, "rb"))  # a GzipFile is one; typeshed disagrees
-    fh.seek(0)
+        fh = cast(IO[bytes], gzip.open(path, "rb"))
     return fh
 
 
@@ -124,13 +137,18 @@ class TraceEventStream:
         self.block_bytes = block_bytes
         self._grow = block_bytes == BLOCK_BYTES
         self.in_main = True
-        self._decoder = msgspec.json.Decoder(list[event_type])
+        # strict=False: numeric strings ("ts": "1623212388426902") are numbers, as in
+        # catapult; any other string where a number belongs is refused naming its event.
+        self._decoder = msgspec.json.Decoder(list[event_type], strict=False)
         self._any = msgspec.json.Decoder()
         self.header: dict[str, Any] = {}
         self.header_before: dict[str, Any] = {}
         self.bytes_read = 0
         self._bare = False
         self._pushed: list[bytes] = []
+        self.warnings: list[str] = []  # what was loaded only in part, and why
+        self._gzip_cut = False
+        self._yielded = False  # events before the tail
 
     def _bad(self, what: str) -> TraceFormatError:
         return bad_events(self.path, what)
@@ -162,7 +180,16 @@ class TraceEventStream:
         self.in_main = True
 
     def _read(self, fh: IO[bytes]) -> bytes:
-        chunk = read_some(fh, self.path)
+        if self._gzip_cut:
+            return b""
+        read1 = getattr(fh, "read1", None)
+        try:
+            # read1: a gzip stream that ends early loses only its last chunk (~300 KB).
+            chunk = read1(_READ_BYTES) if read1 is not None else fh.read(_READ_BYTES)
+        except EOFError:  # a job killed while writing: load what was written
+            self._gzip_cut, chunk = True, b""
+        except (gzip.BadGzipFile, zlib.error, OSError):
+            chunk = read_some(fh, self.path)  # raises its one-line error
         self.bytes_read += len(chunk)
         return chunk
 
@@ -202,6 +229,7 @@ class TraceEventStream:
             if cut is not None:
                 block, start = cut
                 if len(block):
+                    self._yielded = True
                     yield block
                 if len(buf) - start < self.block_bytes or not eof:
                     del buf[:start]
@@ -239,7 +267,7 @@ class TraceEventStream:
                 try:
                     return self._decoder.decode(block), nxt
                 except msgspec.ValidationError as e:
-                    raise self._bad(f"an event of the wrong shape ({e})") from None
+                    raise self._shape_error(block, e) from None
                 except msgspec.DecodeError:
                     continue  # the cut fell inside a nested object or a string
             if window == start:
@@ -258,14 +286,72 @@ class TraceEventStream:
                 extra = self._trailer(rest[k + 1 :].strip(_WS))
                 events = self._decoder.decode(b"[" + rest[:k] + b"]")
             except msgspec.ValidationError as e:
-                raise self._bad(f"an event of the wrong shape ({e})") from None
+                raise self._shape_error(b"[" + rest[:k] + b"]", e) from None
             except msgspec.DecodeError:
                 continue
             self.header.update(extra)
+            if self._gzip_cut:
+                self.warnings.append(self._cut_note(len(rest) - k))
             if events:
                 yield events
             return
-        raise self._bad("malformed or truncated JSON in or after the traceEvents array")
+        yield from self._salvage(rest)
+
+    def _salvage(self, rest: bytes) -> Iterator[list[Any]]:
+        """An array that does not close (cut short, a trailing comma, damage): the events
+        before the last complete one are loaded, with a warning, as catapult does."""
+        body = rest.rstrip(_WS + b",")
+        cuts = [len(body)] + [m.start() + 1 for m in _BOUNDARY.finditer(body)][::-1]
+        for pos in cuts:
+            try:
+                events = self._decoder.decode(b"[" + body[:pos] + b"]")
+            except msgspec.ValidationError as e:
+                raise self._shape_error(b"[" + body[:pos] + b"]", e) from None
+            except msgspec.DecodeError:
+                continue
+            self.warnings.append(self._cut_note(len(body) - pos))
+            if events:
+                yield events
+            return
+        if not self._yielded and not self._gzip_cut:
+            raise self._bad("malformed or truncated JSON in or after the traceEvents array")
+        self.warnings.append(self._cut_note(len(body)))
+
+    def _cut_note(self, lost: int) -> str:
+        if self._gzip_cut:
+            return (
+                "cut short: the gzip stream ends early; loaded the complete events in its "
+                f"first {self.bytes_read} bytes"
+            )
+        if lost == 0:
+            return "the traceEvents array is not closed (it ends with a comma): loaded every event"
+        return (
+            f"cut short: the last {lost} bytes are not a complete event (truncated or "
+            "damaged); loaded the events before them"
+        )
+
+    def _shape_error(self, block: bytes, e: msgspec.ValidationError) -> TraceFormatError:
+        """One line naming the event whose field has the wrong type."""
+        m = re.search(r"\$\[(\d+)\](?:\.(\w+))?", str(e))
+        what = str(e).split(" - at ")[0]
+        if m:
+            try:
+                event = self._any.decode(block)[int(m.group(1))]
+            except (msgspec.DecodeError, IndexError, TypeError):
+                event = None
+            if isinstance(event, dict):
+                field = m.group(2) or "the event"
+                value = event.get(field)
+                expected = (
+                    "a number of microseconds (or a numeric string)"
+                    if field in ("ts", "dur")
+                    else what
+                )
+                return TraceFormatError(
+                    f"{self.path}: event {event.get('name', '?')!r} (ph={event.get('ph', '?')!r}): "
+                    f"{field}={value!r}: expected {expected}"
+                )
+        return self._bad(f"an event of the wrong shape ({e})")
 
     def _trailer(self, trailer: bytes) -> dict[str, Any]:
         if self._bare:

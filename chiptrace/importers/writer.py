@@ -48,6 +48,7 @@ class Staging:
 
     def __init__(self, out: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
         self.out = Path(out)
+        self._made_out = not self.out.exists()
         try:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -104,6 +105,11 @@ class Staging:
     def abort(self) -> None:
         self._thread.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self._made_out:  # a dir this import made, left empty: gone too
+            try:
+                self.out.rmdir()
+            except OSError:
+                pass
 
 
 def write_spill(path: str, batch: pa.RecordBatch) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 import chiptrace
 from chiptrace.cli import main
+from chiptrace.schema import SCHEMA_VERSION_KEY
 from chiptrace.store import part_files, remove_stale_temps
 from chiptrace.viewer.sources import DirSource, SpanFeed
 
@@ -66,33 +67,85 @@ def _corrupt_page_part(out: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("spoil", [_wrong_type_part, _foreign_part, _corrupt_page_part])
+def _with_column(out: Path, name: str, make, tag: str, **options) -> Path:
+    good = pq.read_table(part_files(out)[0])
+    bad = good.set_column(good.schema.get_field_index(name), name, make(good))
+    path = out / "spans" / f"part-{tag}-000001.parquet"
+    pq.write_table(bad, path, **options)
+    return path
+
+
+def _timestamp_part(out: Path) -> Path:
+    return _with_column(out, "start_ns", lambda t: t["start_ns"].cast(pa.timestamp("ns")), "ts")
+
+
+def _not_json_part(out: Path) -> Path:
+    return _with_column(out, "attributes", lambda t: pa.array(["{nope"] * t.num_rows), "nojson")
+
+
+def _null_part(out: Path) -> Path:
+    """A NULL start time the footer's statistics count."""
+    return _with_column(out, "start_ns", _one_null, "null")
+
+
+def _null_no_stats_part(out: Path) -> Path:
+    """A NULL start time and no statistics: only reading the rows finds it."""
+    return _with_column(out, "start_ns", _one_null, "nullnostats", write_statistics=False)
+
+
+def _one_null(t: pa.Table) -> pa.Array:
+    return pa.array([None, *t["start_ns"].to_pylist()[1:]], pa.int64())
+
+
+def _future_part(out: Path) -> Path:
+    good = pq.read_table(part_files(out)[0])
+    meta = {**(good.schema.metadata or {}), SCHEMA_VERSION_KEY: b"999"}
+    path = out / "spans" / "part-future-000001.parquet"
+    pq.write_table(good.replace_schema_metadata(meta), path)
+    return path
+
+
+SPOILS = [
+    _wrong_type_part,
+    _timestamp_part,
+    _foreign_part,
+    _corrupt_page_part,
+    _not_json_part,
+    _null_part,
+    _null_no_stats_part,
+    _future_part,
+]
+
+
+def _one_warning(err: str, bad: Path) -> None:
+    warned = [line for line in err.splitlines() if bad.name in line]
+    assert len(warned) == 1 and "skipping" in warned[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("spoil", SPOILS)
 def test_every_command_skips_a_bad_part_with_one_warning(tmp_path, capsys, spoil) -> None:
     out = tmp_path / "t"
     _good_dir(out)
     bad = spoil(out)
     expected = 300 if spoil is _corrupt_page_part else 600
 
-    assert (
-        main(
-            [
-                "query",
-                str(out),
-                "SELECT count(*) AS n, sum(end_ns - start_ns) >= 0 AS ok FROM spans",
-            ]
-        )
-        == 0
+    # Attributes read as JSON: a part whose attributes are not JSON fails this query, and
+    # the query is answered again with every row checked.
+    sql = (
+        "SELECT count(*) AS n, sum(end_ns - start_ns) >= 0 AS ok, "
+        "count(json_extract(attributes, '$.x')) AS x FROM spans"
     )
-    captured = capsys.readouterr()
-    assert str(expected) in captured.out and "true" in captured.out.lower()
-    warned = [line for line in captured.err.splitlines() if bad.name in line]
-    assert len(warned) == 1 and "skipping" in warned[0] and "Traceback" not in captured.err
+    if spoil is not _null_no_stats_part:  # query checks no row it is not asked for
+        assert main(["query", str(out), sql]) == 0
+        captured = capsys.readouterr()
+        assert str(expected) in captured.out and "true" in captured.out.lower()
+        _one_warning(captured.err, bad)
 
     for fmt in ("jaeger-json", "chrome"):
         target = tmp_path / f"out-{fmt}.json"
         assert main(["export", str(out), "--format", fmt, "-o", str(target)]) == 0
-        err = capsys.readouterr().err
-        assert bad.name in err and "Traceback" not in err
+        _one_warning(capsys.readouterr().err, bad)
         doc = json.loads(target.read_text())
         n = (
             sum(len(t["spans"]) for t in doc["data"])
@@ -101,23 +154,39 @@ def test_every_command_skips_a_bad_part_with_one_warning(tmp_path, capsys, spoil
         )
         assert n == expected
 
+    assert main(["report", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    _one_warning(captured.err, bad)
+    assert json.loads(captured.out)["metrics"]["spans"] == expected
+
+    if spoil is not _not_json_part:  # the dashboard reads no attributes
+        assert main(["view", str(out), "--no-ui"]) == 0
+        _one_warning(capsys.readouterr().err, bad)
+
     feed = SpanFeed()
     DirSource(out).poll(feed)  # the viewer following the dir
     assert sum(b.num_rows for b in feed.drain()) == expected
 
 
-@pytest.mark.parametrize("spoil", [_wrong_type_part, _corrupt_page_part])
-def test_report_on_a_bad_part_never_prints_a_traceback(tmp_path, capsys, spoil) -> None:
+def test_diff_skips_a_bad_part_on_either_side(tmp_path, capsys) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    _good_dir(a)
+    _good_dir(b)
+    bad = _null_no_stats_part(b)
+    assert main(["diff", str(a), str(b)]) == 0
+    _one_warning(capsys.readouterr().err, bad)
+
+
+def test_only_future_parts_is_one_line(tmp_path, capsys) -> None:
     out = tmp_path / "t"
-    _good_dir(out)
-    spoil(out)
-    rc = main(["report", str(out)])
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    # A schema mismatch is skipped on open; a corrupt page needs the analysis to open the
-    # store with connect(verify=True), else it is one line and exit 2.
-    assert rc == 0 if spoil is _wrong_type_part else rc in (0, 2)
-    assert len(err.strip().splitlines()) <= 2
+    _good_dir(out, parts=1, per=10)
+    bad = _future_part(out)
+    for p in part_files(out):
+        if p != bad:
+            p.unlink()
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "schema version 999 is newer" in err[0] and bad.name in err[0]
 
 
 def test_stale_temps_go_and_a_live_writers_temp_stays(tmp_path) -> None:

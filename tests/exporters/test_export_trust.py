@@ -88,13 +88,21 @@ def test_every_link_is_a_flow_forward_in_time(tmp_path: Path) -> None:
     }
 
 
-def _closed(doc: dict) -> None:
+def _closed(doc: dict) -> int:
+    """Every reference (parent or link) names a span of the file; returns the links
+    dropped and noted because their target is not in it."""
+    ids = {(tr["traceID"], sp["spanID"]) for tr in doc["data"] for sp in tr["spans"]}
+    noted = 0
     for tr in doc["data"]:
-        ids = {sp["spanID"] for sp in tr["spans"]}
         for sp in tr["spans"]:
             for ref in sp["references"]:
-                if ref["refType"] == "CHILD_OF":
-                    assert ref["spanID"] in ids, f"{sp['operationName']} refers outside the file"
+                where = (ref["traceID"], ref["spanID"])
+                assert where in ids, f"{sp['operationName']} refers outside the file"
+            tags = {t["key"]: t["value"] for t in sp["tags"]}
+            noted += len(tags.get("chiptrace.links_left_out", "").split(",")) - (
+                "chiptrace.links_left_out" not in tags
+            )
+    return noted
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +113,7 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     "flt",
     [
-        ["--where", "name = 'fwd.3'"],
+        ["--where", "name = 'fwd.0'"],  # its inputs: links to transfers left out
         ["--where", "link_id IS NOT NULL AND op_bytes > 1000"],
         ["--since", "1767225600080000000", "--until", "1767225600120000000"],
     ],
@@ -114,7 +122,9 @@ def test_filtered_exports_are_closed_trees(emulated: Path, tmp_path: Path, flt: 
     out = tmp_path / "j.json"
     assert main(["export", str(emulated), "--format", "jaeger-json", "-o", str(out), *flt]) == 0
     doc = json.loads(out.read_text())
-    _closed(doc)
+    noted = _closed(doc)
+    if flt[1] == "name = 'fwd.0'":
+        assert noted > 0
     assert not read_jaeger_json(out).warnings
     for tr in doc["data"]:  # the trace is named after its real root again
         roots = [
@@ -171,6 +181,22 @@ def test_int64_beyond_2_53_is_a_decimal_string(tmp_path: Path) -> None:
     assert x["args"]["small"] == 2**53 - 1
 
 
+def _is_context(span: dict) -> bool:
+    return any(t["key"] == "chiptrace.context" for t in span["tags"])
+
+
+def assert_closed_tree(trace: dict) -> None:
+    """Every span a reference of this trace names (in this trace) is in the file, and the
+    trace is one tree: one root."""
+    ids = {sp["spanID"] for sp in trace["spans"]}
+    for sp in trace["spans"]:
+        for ref in sp["references"]:
+            if ref["traceID"] == trace["traceID"]:
+                assert ref["spanID"] in ids, (sp["operationName"], ref)
+    roots = [sp for sp in trace["spans"] if not sp["references"]]
+    assert len(roots) == 1, [sp["operationName"] for sp in roots]
+
+
 def _many_traces(d: Path) -> int:
     rows = []
     sid = 0
@@ -186,7 +212,10 @@ def _many_traces(d: Path) -> int:
     rows.append(_span(200, root, 0, "huge", 0, 10**7))
     for k in range(4000):
         sid += 1
-        rows.append(_span(200, sid, root, "tiny", 10 + k, 11 + k, attributes=json.dumps({"k": k})))
+        # the last 1000 link to spans 3000 earlier: in an earlier file once the trace is cut
+        link = {"links": _link(200, sid - 3000)} if k >= 3000 else {}
+        attrs = json.dumps({"k": k})
+        rows.append(_span(200, sid, root, "tiny", 10 + k, 11 + k, attributes=attrs, **link))
     _write(d, rows)
     return len(rows)
 
@@ -205,18 +234,24 @@ def test_split_jaeger_json_files_each_load_alone(tmp_path: Path, capsys) -> None
     assert not out.exists() and len(files) >= 4
     assert [f.name for f in files] == [f"big-{i:03d}.json" for i in range(1, len(files) + 1)]
     seen: dict[str, list[int]] = {}
-    spans = 0
+    spans = links = 0
     for i, f in enumerate(files):
         assert f.stat().st_size < 0.2e6 + 20_000  # the limit, plus at most a few spans
         doc = read_jaeger_json(f)  # loads on its own
-        spans += doc.spans
         raw = json.loads(f.read_text())
         assert raw["total"] == len(raw["data"])
         for tr in doc.traces:
             seen.setdefault(tr["traceID"], []).append(i)
             pids = {sp["processID"] for sp in tr["spans"]}
             assert pids <= set(tr["processes"])
+            assert_closed_tree(tr)
+            spans += sum(1 for sp in tr["spans"] if not _is_context(sp))
+            for sp in tr["spans"]:
+                tags = {t["key"]: t["value"] for t in sp["tags"]}
+                links += sum(r["refType"] == "FOLLOWS_FROM" for r in sp["references"])
+                links += "chiptrace.links_left_out" in tags
     assert spans == total
+    assert links == 1000  # each link is a reference in its file, or noted as left out
     small = {t: fs for t, fs in seen.items() if not t.startswith("c8")}
     assert len(small) == 30 and all(len(fs) == 1 for fs in small.values())  # whole traces
     huge = seen["c8" * 16]
@@ -227,13 +262,10 @@ def test_split_jaeger_json_files_each_load_alone(tmp_path: Path, capsys) -> None
     assert one.exists() and not list(tmp_path.glob("one-*.json"))  # under the default 400 MB
 
 
-def test_split_mb_only_for_jaeger_json(tmp_path: Path, capsys) -> None:
+def test_split_mb_only_for_files(tmp_path: Path, capsys) -> None:
     d = tmp_path / "t"
     _write(d, [_span(5, 1, 0, "x", 0, 10)])
-    assert (
-        main(["export", str(d), "--format", "chrome", "-o", str(tmp_path / "c"), "--split-mb", "5"])
-        == 2
-    )
+    assert main(["export", str(d), "--otlp", "http://127.0.0.1:9", "--split-mb", "5"]) == 2
     assert "--split-mb" in capsys.readouterr().err
 
 

@@ -25,6 +25,20 @@ CASES = {
     "mtia": ["mtia_inference_rank_0.json.gz"],
     "compare_base": ["compare_base.json.gz"],
     "compare_test": ["compare_test.json.gz"],
+    # The public corpus (tests/fixtures/corpus): older profiler generations among them.
+    **{
+        f"corpus_{name}": [f"../corpus/kineto/{name}.json.gz"]
+        for name in (
+            "tb_resnet50_nw0_pt18",
+            "tb_resnet50_nw0_pt19",
+            "tb_resnet50_nw4_pt19",
+            "tb_gpu_metrics_input",
+            "hta_inference_rank_1",
+            "hta_gpu_user_annotation",
+            "hta_ns_resolution_rank0",
+            "hta_alexnet",
+        )
+    },
 }
 
 
@@ -43,7 +57,7 @@ def test_ranks_agree_with_hta(case, tmp_path):
     folder = tmp_path / "traces"
     folder.mkdir()
     for name in CASES[case]:
-        shutil.copy(KINETO / name, folder / name)
+        shutil.copy(KINETO / name, folder / name.rsplit("/", 1)[-1])
     tb, ov = _hta(folder)
     chiptrace.import_trace(folder, tmp_path / "out")
     ours = rank_breakdown(chiptrace.connect(tmp_path / "out"))
