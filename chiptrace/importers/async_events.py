@@ -80,11 +80,11 @@ class AsyncSpans:
         for key, stack in self._nestable.items():
             for b in stack:
                 if b.end is None:
-                    self._emit(b, max(last_ts, b.event.ts), key)
+                    self._emit(b, None, key, max(last_ts, b.event.ts))
                     opened += 1
         for key, stack in self._legacy.items():
             for b in stack:
-                self._emit(b, max(last_ts, b.event.ts), key)
+                self._emit(b, None, key, max(last_ts, b.event.ts))
                 opened += 1
         self._nestable.clear()
         self._legacy.clear()
@@ -98,7 +98,7 @@ class AsyncSpans:
         for b in reversed(stack):
             if b.end is None and b.event.name == e.name:
                 b.end = e.ts
-                self._emit(b, e.ts, key)
+                self._emit(b, e, key)
                 break
         else:
             self.tally.skipped["e without b"] += 1
@@ -124,12 +124,16 @@ class AsyncSpans:
         b = stack.pop()
         if not stack:
             del self._legacy[named]
-        self._emit(b, e.ts, named)
+        self._emit(b, e, named)
 
-    def _emit(self, b: _Begin, end: float, key: Track) -> None:
+    def _emit(self, b: _Begin, e: ev.Event | None, key: Track, at: float = 0.0) -> None:
+        """The span of `b`, ended by `e` (its args added to the begin's, as Perfetto adds
+        an end's args to its slice) or, with no end event, at `at`."""
         s = b.event
+        end = e.ts if e is not None else at
+        args = _merged(s.args, e.args) if e is not None else s.args
         async_id = _id_text(s)
-        self._done.append((_complete(s, s.name, s.ts, end, s.args), key, async_id))
+        self._done.append((_complete(s, s.name, s.ts, end, args), key, async_id))
         marks = [s.ts] + [t.ts for t in b.steps] + [end]
         for i, t in enumerate(b.steps, start=1):
             name = f"{s.name}:{_step(t)}"
@@ -146,9 +150,21 @@ def _id_text(e: ev.Event) -> str:
     return found[1] if found else ""
 
 
-def _step(e: ev.Event) -> str:
+def _args(raw: msgspec.Raw) -> dict[str, Any]:
     try:
-        args = msgspec.json.decode(bytes(e.args))
+        args = msgspec.json.decode(bytes(raw))
     except msgspec.DecodeError:
-        return "?"
-    return str(args.get("step", "?")) if isinstance(args, dict) else "?"
+        return {}
+    return args if isinstance(args, dict) else {}
+
+
+def _merged(begin: msgspec.Raw, end: msgspec.Raw) -> msgspec.Raw:
+    """The begin's args with the end's added (an end's value wins): most ends carry none."""
+    extra = _args(end)
+    if not extra:
+        return begin
+    return msgspec.Raw(msgspec.json.encode({**_args(begin), **extra}))
+
+
+def _step(e: ev.Event) -> str:
+    return str(_args(e.args).get("step", "?"))

@@ -34,7 +34,7 @@ def test_nestable_async_pairs_by_track_and_nests_under_the_open_begin(tmp_path):
         _ev("e", "req", 15, id="0x2"),
         _ev("e", "inner", 20, id="0x1"),
         _ev("e", "nothing-open", 25, id="0x1"),  # ends no span: counted
-        _ev("e", "req", 30, id="0x1"),
+        _ev("e", "req", 30, id="0x1", args={"code": 200}),
         _ev("X", "sync", 1, dur=40),  # the thread's own work is no parent of async spans
     ]
     summary, rows = _import(tmp_path, events)
@@ -45,6 +45,12 @@ def test_nestable_async_pairs_by_track_and_nests_under_the_open_begin(tmp_path):
         ("inner", 10, 10, "req", "0x1"),
     ]
     assert summary.files[0]["skipped"] == {"e without b": 1}
+    code = (
+        chiptrace.connect(tmp_path / "out")
+        .execute("SELECT attributes->>'$.code' FROM spans WHERE start_ns = 0")
+        .fetchone()[0]
+    )
+    assert code == "200"  # an end's args are the span's too, as Perfetto adds them
 
 
 def test_an_end_closes_the_innermost_open_begin_of_its_name(tmp_path):
