@@ -228,6 +228,7 @@ def read_jaeger(
         TraceFormatError: not JSON, or not Jaeger's trace shape.
     """
     facts.tally = {"skipped": {}}
+    facts.categories = {"span": 0}  # spans read out: held context copies come later
     spans: list[dict[str, Any]] = []
     for tr in read_jaeger_json(path).traces:
         raw_procs = tr.get("processes")
@@ -238,12 +239,12 @@ def read_jaeger(
             if context is not None and context.take(span, facts):
                 continue
             spans.append(span)
+            facts.categories["span"] += 1
             if len(spans) >= _BATCH:
                 yield _flush(spans, context)
                 spans = []
     if spans:
         yield _flush(spans, context)
-    facts.categories = {"span": facts.events}
 
 
 def _flush(spans: list[dict[str, Any]], context: ContextCopies | None) -> pa.RecordBatch:

@@ -54,6 +54,7 @@ def _context_copies(context: ContextCopies, staging: Staging) -> None:
     for facts, spans in context.finish():
         staging.write(batch_of(spans))
         facts.spans += len(spans)
+        facts.categories["span"] = facts.categories.get("span", 0) + len(spans)
 
 
 def run_import(

@@ -48,6 +48,7 @@ def test_all_pieces_import_to_the_original_spans(pieces, tmp_path, order):
     original = sorted(chiptrace.connect(run).execute(IDS).fetchall())
     stored = sorted(chiptrace.connect(back).execute(IDS).fetchall())
     assert summary.spans == len(original) and stored == original
+    assert sum(f["categories"]["span"] for f in summary.files) == len(original)
     dropped = sum(f["skipped"].get("context copy of an imported span", 0) for f in summary.files)
     assert dropped > 0
 
@@ -56,13 +57,13 @@ def test_a_piece_alone_keeps_its_ancestors_once(pieces, tmp_path):
     _, files = pieces
     last = files[-1]
     back = tmp_path / "one"
-    chiptrace.import_trace([last], back)
+    summary = chiptrace.import_trace([last], back)
     con = chiptrace.connect(back)
     copies, distinct, total = con.execute(
         "SELECT count(*) FILTER (WHERE json_extract(attributes, '$.\"chiptrace.context\"')), "
         "count(DISTINCT (trace_id, span_id)), count(*) FROM spans"
     ).fetchone()
-    assert copies > 0 and distinct == total
+    assert copies > 0 and distinct == total == summary.files[0]["categories"]["span"]
     orphans = con.execute(
         "SELECT count(*) FROM spans s WHERE parent_span_id IS NOT NULL AND NOT EXISTS "
         "(SELECT 1 FROM spans p WHERE p.trace_id = s.trace_id AND p.span_id = s.parent_span_id)"
