@@ -9,6 +9,8 @@
   name, as catapult's importer reads it (Perfetto skips these); its steps are child spans named `name:step`: a `T` (step into) runs
   from the step to the next step or the end, a `p` (step past) from the previous step or the
   start up to it.
+- Events pair in file order, but an end read before its begin (a file is not in time order:
+  Chrome writes each thread's buffer in turn) waits for it, as Perfetto's sort would pair it.
 - A begin still open at the end of the input ends at the file's last timestamp and is counted
   in a warning: Perfetto keeps such a slice ("did not end") and draws it to the trace's end.
 
@@ -57,6 +59,9 @@ class AsyncSpans:
         self.tally = tally
         self._nestable: dict[Track, list[_Begin]] = {}
         self._legacy: dict[Track, list[_Begin]] = {}
+        # Ends read before their begin, by ("e" or "F", *track, name): a file is not in time
+        # order (Chrome writes each thread's buffer in turn) and Perfetto sorts it first.
+        self._early: dict[Track, list[ev.Event]] = {}
         self._done: list[Done] = []
 
     def add(self, e: ev.Event) -> None:
@@ -86,22 +91,29 @@ class AsyncSpans:
             for b in stack:
                 self._emit(b, None, key, max(last_ts, b.event.ts))
                 opened += 1
+        for key, ends in self._early.items():
+            self.tally.skipped["e without b" if key[0] == "e" else "F without S"] += len(ends)
         self._nestable.clear()
         self._legacy.clear()
+        self._early.clear()
         return opened
 
     def _add_nestable(self, e: ev.Event, key: Track) -> None:
-        stack = self._nestable.setdefault(key, [])
         if e.ph == "b":
-            stack.append(_Begin(e))
+            early = self._early_end(e, ("e", *key, e.name))
+            if early is not None:
+                self._emit(_Begin(e), early, key)
+            else:
+                self._nestable.setdefault(key, []).append(_Begin(e))
             return
+        stack = self._nestable.setdefault(key, [])
         for b in reversed(stack):
             if b.end is None and b.event.name == e.name:
                 b.end = e.ts
                 self._emit(b, e, key)
                 break
         else:
-            self.tally.skipped["e without b"] += 1
+            self._early.setdefault(("e", *key, e.name), []).append(e)
         # Ended spans leave the stack once nothing open sits above them (their children
         # may still be open: Perfetto keeps those nested under them).
         while stack and stack[-1].end is not None:
@@ -112,9 +124,16 @@ class AsyncSpans:
     def _add_legacy(self, e: ev.Event, key: Track) -> None:
         named = (*key, e.name)
         if e.ph == "S":
-            self._legacy.setdefault(named, []).append(_Begin(e))
+            early = self._early_end(e, ("F", *named))
+            if early is not None:
+                self._emit(_Begin(e), early, named)
+            else:
+                self._legacy.setdefault(named, []).append(_Begin(e))
             return
         stack = self._legacy.get(named)
+        if not stack and e.ph == "F":
+            self._early.setdefault(("F", *named), []).append(e)
+            return
         if not stack:
             self.tally.skipped[f"{e.ph} without S"] += 1
             return
@@ -125,6 +144,19 @@ class AsyncSpans:
         if not stack:
             del self._legacy[named]
         self._emit(b, e, named)
+
+    def _early_end(self, begin: ev.Event, key: Track) -> ev.Event | None:
+        """The end read before `begin` that ends it: the earliest at or after its start."""
+        ends = self._early.get(key)
+        if not ends:
+            return None
+        fits = [j for j, x in enumerate(ends) if x.ts >= begin.ts]
+        if not fits:
+            return None
+        end = ends.pop(min(fits, key=lambda j: ends[j].ts))
+        if not ends:
+            del self._early[key]
+        return end
 
     def _emit(self, b: _Begin, e: ev.Event | None, key: Track, at: float = 0.0) -> None:
         """The span of `b`, ended by `e` (its args added to the begin's, as Perfetto adds

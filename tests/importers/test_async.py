@@ -116,3 +116,25 @@ def test_async_pairs_across_blocks_of_a_large_file(tmp_path):
     assert summary.spans == 20_001
     assert ("long", 0, 30_000, None, "0xa") in rows
     assert not summary.files[0].get("warnings")
+
+
+def test_an_end_written_before_its_begin_still_pairs(tmp_path):
+    """Chrome writes each thread's buffer in turn: an end may come first in the file."""
+    events = [
+        _ev("e", "req", 30, id="0x1", tid=2),
+        _ev("F", "load", 20, id="7", tid=2),
+        _ev("b", "req", 0, id="0x1"),
+        _ev("S", "load", 5, id="7"),
+        _ev("F", "state", 3, id="7"),  # a state begun before tracing began: ends nothing
+        _ev("S", "state", 4, id="7"),  # begun after it: never ends
+        _ev("X", "x", 0, dur=50),
+    ]
+    summary, rows = _import(tmp_path, events)
+    assert rows == [
+        ("req", 0, 30, None, "0x1"),
+        ("x", 0, 50, None, None),
+        ("state", 4, 46, None, "7"),
+        ("load", 5, 15, None, "7"),
+    ]
+    assert summary.files[0]["skipped"] == {"F without S": 1}
+    assert any("1 async spans never ended" in w for w in summary.files[0]["warnings"])
