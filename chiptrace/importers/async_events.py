@@ -29,6 +29,7 @@ import msgspec
 from chiptrace.importers import events as ev
 
 Track = tuple[Any, ...]
+_EARLY_MAX = 256  # ends kept waiting for their begin, per track and name
 # A finished span: the complete (`X`) event, its track, its async id.
 Done = tuple[ev.Event, Track, str]
 
@@ -113,7 +114,7 @@ class AsyncSpans:
                 self._emit(b, e, key)
                 break
         else:
-            self._early.setdefault(("e", *key, e.name), []).append(e)
+            self._wait(("e", *key, e.name), e)
         # Ended spans leave the stack once nothing open sits above them (their children
         # may still be open: Perfetto keeps those nested under them).
         while stack and stack[-1].end is not None:
@@ -132,7 +133,7 @@ class AsyncSpans:
             return
         stack = self._legacy.get(named)
         if not stack and e.ph == "F":
-            self._early.setdefault(("F", *named), []).append(e)
+            self._wait(("F", *named), e)
             return
         if not stack:
             self.tally.skipped[f"{e.ph} without S"] += 1
@@ -144,6 +145,15 @@ class AsyncSpans:
         if not stack:
             del self._legacy[named]
         self._emit(b, e, named)
+
+    def _wait(self, key: Track, end: ev.Event) -> None:
+        """Keep an end that ends nothing yet for a begin written after it (a bounded number
+        per track and name, so a file of stray ends costs no quadratic search)."""
+        ends = self._early.setdefault(key, [])
+        if len(ends) < _EARLY_MAX:
+            ends.append(end)
+        else:
+            self.tally.skipped["e without b" if key[0] == "e" else "F without S"] += 1
 
     def _early_end(self, begin: ev.Event, key: Track) -> ev.Event | None:
         """The end read before `begin` that ends it: the earliest at or after its start."""
