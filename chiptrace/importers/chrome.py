@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
+from chiptrace.importers import async_events as asy
 from chiptrace.importers import events as ev
 from chiptrace.importers.plan import ROLE_CPU, Block, FileFacts
 from chiptrace.importers.source import TraceEventStream
@@ -24,6 +25,7 @@ from chiptrace.importers.writer import write_spill
 from chiptrace.schema import dumps
 
 _ANY = msgspec.json.Decoder(list[Any])
+_ASYNC = ("b", "e", "S", "T", "p", "F")  # nestable and legacy async: see async_events
 _RESERVED = ("trace_id", "span_id", "parent_span_id", "service", "status", "links")
 
 
@@ -37,29 +39,40 @@ class ChromeReader:
         self.facts = FileFacts(path=str(path), format=self.format)
         self.tally = ev.Tally()
         self._open: dict[tuple[Any, Any], list[ev.Event]] = {}
-        self._threads: dict[tuple[int, int], int] = {}
+        self._threads: dict[tuple[Any, ...], int] = {}  # (pid, tid) or an async track
         self._process: dict[Any, str] = {}
         self._resource: dict[Any, dict[str, Any]] = {}  # pid -> host, service, resource
+        self._async = asy.AsyncSpans(self.tally)
+        self._last = 0.0  # the latest timestamp (or end) seen: where open async spans end
 
     def blocks(self, spill_for: Callable[[int], str], pool: Any = None) -> Iterator[Block]:
         """The file's blocks, their static columns staged in `spill_for(block number)`
         (mapped here: B/E pairs span blocks, so `pool` is not used)."""
         cats: dict[str, int] = {}
+        no = -1
         for no, events in enumerate(self.stream):
             self.facts.events += len(events)
             others: list[ev.Event] = []
             rows = ev.split_block(events, self.tally, others)
-            paired = self._others(others)
-            if paired:
-                rows = _extend(rows, paired)
             if len(rows):
-                for c in rows.cat:
-                    cats[c] = cats.get(c, 0) + 1
-                block = self._block(rows)
-                block.spill = spill_for(no)
-                write_spill(block.spill, block.static)
-                block.static = None
-                yield block
+                last = np.max(np.add(rows.ts, rows.dur))
+                self._last = max(self._last, float(last))
+            paired = self._others(others)
+            block = self._rows_block(rows, paired, self._async.drain(), cats)
+            if block is not None:
+                yield self._staged(block, spill_for(no))
+        # Async spans still open at the end of the input end at its last timestamp.
+        opened = self._async.finish(self._last)
+        if opened:
+            self.stream.warnings.append(
+                f"{opened} async spans never ended (b without e, S without F): "
+                "they end at the file's last timestamp, as Perfetto draws them"
+            )
+            block = self._rows_block(
+                ev.split_block([], self.tally, []), [], self._async.drain(), cats
+            )
+            if block is not None:
+                yield self._staged(block, spill_for(no + 1))
         other = self.stream.header.get("otherData")
         if isinstance(other, dict) and isinstance(other.get("t0_unix_ns"), int):
             self.facts.base_ns = other["t0_unix_ns"]
@@ -71,6 +84,29 @@ class ChromeReader:
         self.facts.service = service
         self.facts.categories = cats
         self.facts.tally = self.tally.as_dict()
+
+    def _rows_block(
+        self,
+        rows: ev.Rows,
+        paired: list[ev.Event],
+        done: list[asy.Done],
+        cats: dict[str, int],
+    ) -> Block | None:
+        """One block of the file's complete events, B/E pairs and ended async spans (last)."""
+        if paired or done:
+            rows = _extend(rows, paired + [d[0] for d in done])
+        if not len(rows):
+            return None
+        for c in rows.cat:
+            cats[c] = cats.get(c, 0) + 1
+        return self._block(rows, [(d[1], d[2]) for d in done])
+
+    @staticmethod
+    def _staged(block: Block, spill: str) -> Block:
+        block.spill = spill
+        write_spill(block.spill, block.static)
+        block.static = None
+        return block
 
     def _others(self, others: list[ev.Event]) -> list[ev.Event]:
         """Metadata and flows are counted; B/E pairs become complete events."""
@@ -102,14 +138,19 @@ class ChromeReader:
                     elif isinstance(args.get("name"), str):
                         res = {"service.name": args["name"], "process.pid": e.pid}
                         self._resource.setdefault(e.pid, {"resource": res})
+            elif e.ph in _ASYNC:
+                self._async.add(e)
+                self._last = max(self._last, e.ts)
             elif e.ph in ("s", "t", "f"):
                 t.flows += 1
             else:
                 t.skipped[f"ph={e.ph or '?'}"] += 1
         return done
 
-    def _block(self, rows: ev.Rows) -> Block:
+    def _block(self, rows: ev.Rows, tracks: list[tuple[asy.Track, str]]) -> Block:
+        """`tracks`: the async track and id of the last rows (async spans), one each."""
         n = len(rows)
+        first_async = n - len(tracks)
         pid, tid = ev.id_ints(list(rows.pid))[0], ev.id_ints(list(rows.tid))[0]
         start = ev.us_to_ns(rows.ts)
         end = start + np.rint(np.asarray(rows.dur, np.float64) * 1000).astype(np.int64)
@@ -137,6 +178,8 @@ class ChromeReader:
                     "links": a.get("links") if isinstance(a.get("links"), list) else None,
                 }
             )
+            if i >= first_async:
+                spans[-1]["attributes"]["chrome.async_id"] = tracks[i - first_async][1]
             ids["trace"].append(_hex_bytes(a.get("trace_id"), 16))
             ids["span"][i] = _hex_int(a.get("span_id"))
             ids["parent"][i] = _hex_int(a.get("parent_span_id"))
@@ -149,13 +192,9 @@ class ChromeReader:
         columns = {k: pa.array(v) for k, v in cols.items() if any(x is not None for x in v)}
         columns["pid"] = pa.array(np.clip(pid, 0, (1 << 31) - 1), pa.int32())
         static = ev.static_batch(columns, n)
-        thread = np.array(
-            [
-                self._threads.setdefault((int(p), int(t)), len(self._threads))
-                for p, t in zip(pid, tid, strict=True)
-            ],
-            np.int64,
-        )
+        keys: list[tuple[Any, ...]] = [(int(p), int(t)) for p, t in zip(pid, tid, strict=True)]
+        keys[first_async:] = [track for track, _ in tracks]
+        thread = np.array([self._threads.setdefault(k, len(self._threads)) for k in keys], np.int64)
         none = np.full(n, -1, np.int64)
         role = np.full(n, ROLE_CPU, np.int8)
         return Block(static, start, end, thread, role, none, none.copy(), ids=ids)

@@ -37,6 +37,7 @@ class Event(msgspec.Struct, gc=False):
     ts: float = 0.0
     dur: float = -1.0
     id: int | str | None = None
+    id2: Any = None  # async events' {"local": ...} or {"global": ...}
     s: str = ""
     args: msgspec.Raw = _NO_ARGS
 

@@ -23,6 +23,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
+from chiptrace.importers.jaeger_context import ContextCopies
 from chiptrace.importers.plan import FileFacts
 from chiptrace.importers.source import TraceFormatError, read_all
 from chiptrace.importers.spans import KIND_CODES, STATUS_CODES, columns_of
@@ -202,7 +203,8 @@ def _span(
     }
 
 
-def _batch(spans: list[dict[str, Any]]) -> pa.RecordBatch:
+def batch_of(spans: list[dict[str, Any]]) -> pa.RecordBatch:
+    """The span records of `_span` as one batch."""
     cols: dict[str, Any] = columns_of(spans)
     cols["trace_id"] = trace_ids_to_binary([s["trace"] for s in spans])
     cols["span_id"] = ids_to_binary(np.array([s["span"] for s in spans], np.uint64))
@@ -216,23 +218,36 @@ def _batch(spans: list[dict[str, Any]]) -> pa.RecordBatch:
     return batch_from_columns(cols, len(spans))
 
 
-def read_jaeger(path: Path, facts: FileFacts) -> Iterator[pa.RecordBatch]:
-    """Span batches of a Jaeger JSON file.
+def read_jaeger(
+    path: Path, facts: FileFacts, context: ContextCopies | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Span batches of a Jaeger JSON file. With `context` (one for every file of an
+    import), copies tagged `chiptrace.context` are held back there, not read out.
 
     Raises:
         TraceFormatError: not JSON, or not Jaeger's trace shape.
     """
+    facts.tally = {"skipped": {}}
+    facts.categories = {"span": 0}  # spans read out: held context copies come later
     spans: list[dict[str, Any]] = []
     for tr in read_jaeger_json(path).traces:
         raw_procs = tr.get("processes")
         procs: dict[str, Any] = raw_procs if isinstance(raw_procs, dict) else {}
         facts.events += len(tr["spans"])
         for sp in tr["spans"]:
-            spans.append(_span(path, sp, tr["traceID"], procs))
+            span = _span(path, sp, tr["traceID"], procs)
+            if context is not None and context.take(span, facts):
+                continue
+            spans.append(span)
+            facts.categories["span"] += 1
             if len(spans) >= _BATCH:
-                yield _batch(spans)
+                yield _flush(spans, context)
                 spans = []
     if spans:
-        yield _batch(spans)
-    facts.categories = {"span": facts.events}
-    facts.tally = {"skipped": {}}
+        yield _flush(spans, context)
+
+
+def _flush(spans: list[dict[str, Any]], context: ContextCopies | None) -> pa.RecordBatch:
+    if context is not None:
+        context.saw(spans)
+    return batch_of(spans)

@@ -9,6 +9,7 @@ from typing import Any
 
 from chiptrace.importers import ImportSummary
 from chiptrace.importers.assemble import Assembler, Pending
+from chiptrace.importers.jaeger_context import ContextCopies
 from chiptrace.importers.jobs import check_one_job
 from chiptrace.importers.plan import FileFacts
 from chiptrace.importers.pool import Pool, worker_count
@@ -28,17 +29,32 @@ def _reader(path: Path, fmt: str) -> Any:
     return ChromeReader(str(path))
 
 
-def _documents(path: Path, fmt: str, staging: Staging) -> FileFacts:
-    """OTLP and Jaeger files carry their own ids: their batches are final as read."""
-    if fmt == "otlp-json":
-        from chiptrace.importers.otlp import read_otlp as read
-    else:
-        from chiptrace.importers.jaeger import read_jaeger as read
+def _documents(path: Path, fmt: str, staging: Staging, context: ContextCopies) -> FileFacts:
+    """OTLP and Jaeger files carry their own ids: their batches are final as read (but
+    Jaeger context copies, which wait for every file: see jaeger_context)."""
     facts = FileFacts(path=str(path), format=fmt)
-    for batch in read(path, facts):
+    if fmt == "otlp-json":
+        from chiptrace.importers.otlp import read_otlp
+
+        batches = read_otlp(path, facts)
+    else:
+        from chiptrace.importers.jaeger import read_jaeger
+
+        batches = read_jaeger(path, facts, context)
+    for batch in batches:
         staging.write(batch)
         facts.spans += batch.num_rows
     return facts
+
+
+def _context_copies(context: ContextCopies, staging: Staging) -> None:
+    """Store the Jaeger context copies whose span was in none of the files."""
+    from chiptrace.importers.jaeger import batch_of
+
+    for facts, spans in context.finish():
+        staging.write(batch_of(spans))
+        facts.spans += len(spans)
+        facts.categories["span"] = facts.categories.get("span", 0) + len(spans)
 
 
 def run_import(
@@ -69,9 +85,10 @@ def run_import(
     try:
         pending: list[Pending] = []
         facts: list[FileFacts] = []
+        context = ContextCopies()
         for path, fmt, size in zip(files, formats, sizes, strict=True):
             if fmt not in TRACE_EVENT_FORMATS:
-                facts.append(_documents(path, fmt, staging))
+                facts.append(_documents(path, fmt, staging, context))
             else:
                 reader = _reader(path, fmt)
                 p = _read_events(
@@ -82,6 +99,7 @@ def run_import(
             done_bytes += size
             if progress:
                 progress(done_bytes, total_bytes)
+        _context_copies(context, staging)
         if pool is not None:
             pool.close()  # the workers' memory goes before the second pass
         if not merge and within is None:
