@@ -102,7 +102,13 @@ def _kind(x: RuleInput, culprit: str) -> str | None:
 def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Change]:
     """The candidate fixes of a finding's culprit, best first (empty: not replayable)."""
     if f.rule == "queue-overload":
-        return {"capacity": Change(speed=dict.fromkeys(f.parts or (f.culprit,), 2.0))}
+        parts = f.parts or (f.culprit,)
+        slow = {p: speeds[p] for p in parts if speeds.get(p, 1.0) > 1.05}
+        capacity = {"capacity": Change(speed=dict.fromkeys(parts, 2.0))}
+        if not slow:
+            return capacity
+        # A device slower than its peers overloads its own queue: like them first.
+        return {"peers": Change(speed=slow, undelay=frozenset(parts)), **capacity}
     kind = _kind(x, f.culprit)
     if f.rule == "step-outliers" and kind is None and back_ends(x.tables.steps):
         # A served request is an outlier for the time it queued behind others: no change
@@ -201,7 +207,8 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
 
 def _evaluate(x: RuleInput, changes: dict[str, Change]) -> dict[str, dict[str, float]]:
     steps = x.tables.steps
-    if steps.num_rows > REPLAY_STEPS:
+    # Served requests all share one replay of the batches: price the mean over all of them.
+    if steps.num_rows > REPLAY_STEPS and not back_ends(steps):
         from chiptrace.analysis.whatif import spread
 
         steps = steps.take(spread(steps.num_rows, REPLAY_STEPS))
