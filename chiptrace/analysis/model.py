@@ -82,6 +82,7 @@ RULE_ORDER = (
     "link-down",
     "queue-overload",
     "straggler",
+    "critical-chip",
     "link-bound",
     "compute-bound",
     "load-imbalance",
