@@ -176,16 +176,19 @@ def main() -> None:
         ),
         Figure("healthy rack6 runs with a high finding", "", s["rack6_high"], None, "", "<= 0"),
         Figure("healthy runs with > 5 non-info findings", "", s["over5"], None, "", "<= 0"),
-        Figure(
-            "inherent chip bottlenecks an emulation confirms",
-            "%",
-            100 * s["inherent_ok"] / max(s["inherent"], 1),
-            None,
-            "",
-            ">= 90",
-            better="higher",
-        ),
     ]
+    if s["inherent"]:
+        figures.append(
+            Figure(
+                "inherent chip bottlenecks an emulation confirms",
+                "%",
+                100 * s["inherent_ok"] / s["inherent"],
+                None,
+                "",
+                ">= 90",
+                better="higher",
+            )
+        )
     for f in figures:
         print(f.line())
     print(
