@@ -195,7 +195,10 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
     out: list[Finding] = sweeping.findings(x, res, speeds)
     for i, f in enumerate(found):
         if not fixes.get(i):
-            out.append(f)
+            # Not replayable (an op, a chip type, an opportunity): its own estimate, and
+            # under 1% of the step it is info like any other.
+            small = f.step == x.workload and f.share < INFO_BELOW and f.severity != "info"
+            out.append(dataclasses.replace(f, severity="info") if small else f)
             continue
         best = next(
             (k for k in fixes[i] if res[f"{i}:{k}"]["saving_ns"] >= INFO_BELOW * x.step_ns),
