@@ -7,7 +7,7 @@ The fix per culprit, what a user would do about it:
   a chip dealt bigger batches is not slow), its late starts against them removed; if that
   saves nothing (it is as fast as they are, or has none), the chip twice as fast, else
   every chip of its type (they share the work: Adam on both CPUs), except for findings
-  that claim it is slower than its peers (a straggler);
+  that claim it is slower or busier than its peers (a straggler, an imbalance);
 - a link: at its nominal bandwidth (a degraded link); if that saves nothing the link is
   inherently the limit, and the fix is the link twice as fast;
 - a downed link: the transfers it pushed elsewhere at their typical time again;
@@ -37,9 +37,10 @@ from chiptrace.analysis.whatif import MAX_GRAPH_SPANS, Change
 
 INFO_BELOW = 0.01  # a fix that saves less than this share of the step is info
 REPLAY_STEPS = 16  # steps replayed per workload to price its findings
-# Rules whose claim is that a chip is slower or later than its peers: made like them, a
-# healthy chip (one dealt bigger batches) saves nothing, and the finding is info.
-LIKE_PEERS = frozenset({"straggler", "rank-straggler", "step-outliers"})
+# Rules whose claim is that a chip is slower, later or busier than its peers: made like
+# them, a healthy chip (one dealt bigger batches) saves nothing, and the finding is info
+# (rebalancing work is a change the replay does not make).
+LIKE_PEERS = frozenset({"straggler", "rank-straggler", "step-outliers", "load-imbalance"})
 
 
 def _speeds(x: RuleInput) -> dict[str, float]:
