@@ -36,7 +36,7 @@ from chiptrace.analysis.serving import back_ends, evaluate
 from chiptrace.analysis.whatif import MAX_GRAPH_SPANS, Change
 
 INFO_BELOW = 0.01  # a fix that saves less than this share of the step is info
-REPLAY_STEPS = 16  # steps replayed per workload to price its findings
+REPLAY_STEPS = 8  # steps replayed per workload to price its findings (spread: p50 holds)
 # Rules whose claim is that a chip is slower, later or busier than its peers: made like
 # them, a healthy chip (one dealt bigger batches) saves nothing, and the finding is info
 # (rebalancing work is a change the replay does not make).
