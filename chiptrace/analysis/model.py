@@ -80,6 +80,7 @@ class Finding:
 #: both a straggler and below its roofline; the straggler says what it costs the step).
 RULE_ORDER = (
     "link-down",
+    "link-avoided",
     "queue-overload",
     "straggler",
     "critical-chip",

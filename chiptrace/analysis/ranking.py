@@ -130,7 +130,7 @@ def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Chan
         return {}
     spec = x.tables.topology.link(f.culprit)
     nominal = spec.bandwidth if spec else 0.0
-    if f.rule == "link-down":
+    if f.rule in ("link-down", "link-avoided"):
         went = [str(v) for v in f.evidence.get("traffic_went_over") or []]
         return {"typical": Change(typical=frozenset([f.culprit, *went]))}
     if not nominal:
@@ -178,9 +178,40 @@ _HOW = {
 }
 
 
+def _link_state(x: RuleInput) -> dict[str, float]:
+    """Links the run's writers record as degraded (the emulator's `faults`; a fabric
+    manager would say the same): id -> fraction of its bandwidth."""
+    out = {}
+    for m in x.tables.manifests:
+        for f in m.get("faults") or []:
+            if isinstance(f, dict) and f.get("kind") == "degrade" and f.get("value"):
+                out[str(f.get("target"))] = float(f["value"])
+    return out
+
+
+def _not_down(x: RuleInput, found: list[Finding]) -> list[Finding]:
+    """A link that carried nothing but is recorded up at reduced bandwidth is not down:
+    routing went around it. Same culprit, said as it is."""
+    state = _link_state(x)
+    out = []
+    for f in found:
+        frac = state.get(f.culprit) if f.rule == "link-down" else None
+        if frac is None:
+            out.append(f)
+            continue
+        ev = {**f.evidence, "recorded_bandwidth_fraction": frac}
+        text = (
+            f"{f.culprit} carried nothing: it is up at {frac:.0%} of its bandwidth and routing "
+            "goes around it; fix the link (cable, lanes, link training) to get its paths back"
+        )
+        out.append(dataclasses.replace(f, rule="link-avoided", evidence=ev, suggestion=text))
+    return out
+
+
 def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> list[Finding]:
     """`found` (one workload's findings) with replayed savings, folded, most severe first;
     with `sweep`, chips no rule named that the replay says would save the step, too."""
+    found = _not_down(x, found)
     if x.con is None or not x.tables.steps.num_rows:
         return found
     speeds = _speeds(x)
