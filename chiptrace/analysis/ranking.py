@@ -187,18 +187,19 @@ _HOW = {
 
 
 def _link_state(x: RuleInput) -> dict[str, float]:
-    """Links the run's writers record as degraded (the emulator's `faults`; a fabric
-    manager would say the same): id -> fraction of its bandwidth."""
+    """Links the run's link-state telemetry (a fabric manager's, or the emulator's
+    `link_state`) reports up at reduced bandwidth: id -> fraction of its bandwidth. The
+    injected `faults` are never read: they are the answer, not a measurement."""
     out = {}
     for m in x.tables.manifests:
-        for f in m.get("faults") or []:
-            if isinstance(f, dict) and f.get("kind") == "degrade" and f.get("value"):
-                out[str(f.get("target"))] = float(f["value"])
+        for s in m.get("link_state") or []:
+            if isinstance(s, dict) and s.get("state") == "up" and s.get("bandwidth_fraction"):
+                out[str(s.get("link"))] = float(s["bandwidth_fraction"])
     return out
 
 
 def _not_down(x: RuleInput, found: list[Finding]) -> list[Finding]:
-    """A link that carried nothing but is recorded up at reduced bandwidth is not down:
+    """A link that carried nothing but is reported up at reduced bandwidth is not down:
     routing went around it. Same culprit, said as it is."""
     state = _link_state(x)
     out = []

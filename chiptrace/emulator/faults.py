@@ -37,6 +37,19 @@ class Fault:
         return {"spec": self.spec, "kind": self.kind, "target": self.target, "value": self.value}
 
 
+def link_state(faults: list[Fault]) -> list[dict[str, object]]:
+    """Each link not at its nominal state, as a fabric manager reports it (NVML's NVLink
+    state and speed, ethtool's link speed): `down`, or `up` at a fraction of its bandwidth.
+    The analysis reads this telemetry, never the injected `faults` (that is the answer)."""
+    out: list[dict[str, object]] = []
+    for f in faults:
+        if f.kind == "down":
+            out.append({"link": f.target, "state": "down"})
+        elif f.kind == "degrade":
+            out.append({"link": f.target, "state": "up", "bandwidth_fraction": f.value})
+    return out
+
+
 def parse_fault(spec: str, topology: Topology) -> Fault:
     """Parse and check one `--fault` value against the topology.
 

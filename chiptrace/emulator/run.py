@@ -22,7 +22,7 @@ import numpy as np
 from chiptrace.config import Config
 from chiptrace.emulator.context import Context
 from chiptrace.emulator.errors import WorkloadError
-from chiptrace.emulator.faults import Fault, apply_faults, parse_fault
+from chiptrace.emulator.faults import Fault, apply_faults, link_state, parse_fault
 from chiptrace.emulator.network import Network
 from chiptrace.emulator.scheduler import SCHEDULES
 from chiptrace.emulator.spans import SpanTable
@@ -198,6 +198,7 @@ def emulate(
         "run_id": out_dir.name,
         "topology": topo.to_manifest(),
         "faults": [f.to_manifest() for f in parsed],
+        "link_state": link_state(parsed),
         "workload": wl.describe(),
         "emulation": {
             "seed": seed,

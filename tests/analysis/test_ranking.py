@@ -64,7 +64,7 @@ def test_the_sweep_finds_a_straggler_in_a_mixed_run(tmp_path: Path) -> None:
 
 def test_a_degraded_link_routing_avoids_is_not_called_down(tmp_path: Path) -> None:
     """Routing goes around a link at 7.5% of its bandwidth: it carried nothing, but the run
-    records it up, so it is `link-avoided`, never `link-down`; a downed link stays down."""
+    reports it up (link_state telemetry, not the injected fault), so it is `link-avoided`, never `link-down`; a downed link stays down."""
     opts = {"rate": 400, "layers": 8, "efficiency": "ideal"}
     fault = "degrade:pcie5:nic:0-cpu:0:0.075"
     out = _emulate(
