@@ -17,7 +17,7 @@ from chiptrace.importers.writer import Staging
 TRACE_EVENT_FORMATS = ("kineto", "chrome")
 
 
-def _reader(path: Path, fmt: str) -> Any:
+def reader_for(path: Path, fmt: str) -> Any:
     if fmt == "kineto":
         from chiptrace.importers.kineto import KinetoReader
 
@@ -27,7 +27,7 @@ def _reader(path: Path, fmt: str) -> Any:
     return ChromeReader(str(path))
 
 
-def _documents(path: Path, fmt: str, staging: Staging) -> FileFacts:
+def documents(path: Path, fmt: str, staging: Staging) -> FileFacts:
     """OTLP and Jaeger files carry their own ids: their batches are final as read."""
     if fmt == "otlp-json":
         from chiptrace.importers.otlp import read_otlp as read
@@ -40,6 +40,15 @@ def _documents(path: Path, fmt: str, staging: Staging) -> FileFacts:
     return facts
 
 
+def import_manifest(files: list[Path], formats: list[str], align: str) -> dict[str, Any]:
+    """The run facts an import records (its own manifest, beside the writers')."""
+    return {
+        "source": "import",
+        "service": "import",
+        "import": {"files": [str(f) for f in files], "formats": formats, "align": align},
+    }
+
+
 def run_import(
     files: list[Path],
     formats: list[str],
@@ -50,11 +59,7 @@ def run_import(
     workers: int | None = None,
     within: Within | None = None,
 ) -> ImportSummary:
-    manifest: dict[str, Any] = {
-        "source": "import",
-        "service": "import",
-        "import": {"files": [str(f) for f in files], "formats": formats, "align": align},
-    }
+    manifest = import_manifest(files, formats, align)
     if within is not None:
         manifest.update(service=within.service, **within.manifest)
     staging = Staging(out, manifest)
@@ -69,9 +74,9 @@ def run_import(
         facts: list[FileFacts] = []
         for path, fmt, size in zip(files, formats, sizes, strict=True):
             if fmt not in TRACE_EVENT_FORMATS:
-                facts.append(_documents(path, fmt, staging))
+                facts.append(documents(path, fmt, staging))
             else:
-                reader = _reader(path, fmt)
+                reader = reader_for(path, fmt)
                 p = _read_events(
                     reader, len(pending), staging, pool, progress, done_bytes, total_bytes
                 )
@@ -84,7 +89,7 @@ def run_import(
             pool.close()  # the workers' memory goes before the second pass
         asm = Assembler(staging, seed, align, within)
         asm.finish(pending)
-        summary = _summary(out, facts, pending, asm.offsets, n_workers)
+        summary = summarize(out, facts, pending, asm.offsets, n_workers)
         staging.commit(
             spans_skipped=summary.skipped,
             run_id=within.run_id if within is not None and within.run_id else seed[:8].hex(),
@@ -119,7 +124,7 @@ def _read_events(
     return pending
 
 
-def _summary(
+def summarize(
     out: Path,
     facts: list[FileFacts],
     pending: list[Pending],

@@ -1,0 +1,169 @@
+"""A Dask client for import and report: connect, check the workers, run tasks.
+
+Everything that can go wrong before a task runs is found here, with one line each: a
+scheduler that does not answer (its address and the time waited), workers whose versions
+differ from the client's (Dask's own message), a worker that cannot see the trace dir (its
+address and the path). Nothing is written to the trace dir before these checks pass.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from chiptrace.config import ENV_DASK_SCHEDULER
+from chiptrace.errors import ChiptraceError
+
+CONNECT_TIMEOUT_S = 10.0  # how long to wait for a scheduler before giving up
+LOCAL = "local"
+
+
+class ClusterError(ChiptraceError):
+    """The Dask cluster cannot be reached or used (scheduler, workers, shared storage)."""
+
+
+def address_from(arg: str | None) -> str | None:
+    """`--dask ADDRESS`, else CHIPTRACE_DASK_SCHEDULER, else None (no cluster)."""
+    return arg or os.environ.get(ENV_DASK_SCHEDULER) or None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+class Cluster:
+    """A connected Dask client (and the LocalCluster it started, for `local`).
+
+    Use as a context manager; `submit`/`as_completed` are the executor the import plan
+    (chiptrace.importers.tasks) and the report stages (chiptrace.cluster.reports) run on.
+    """
+
+    def __init__(
+        self, address: str, workers: int | None = None, timeout_s: float = CONNECT_TIMEOUT_S
+    ) -> None:
+        try:
+            import distributed
+        except ImportError:
+            raise ClusterError(
+                "--dask needs Dask distributed: pip install 'chiptrace[dask]'"
+            ) from None
+        self._distributed = distributed
+        self.address = address
+        self._local: Any = None
+        t0 = time.monotonic()
+        try:
+            if address == LOCAL:
+                self._local = distributed.LocalCluster(
+                    n_workers=workers or 2,
+                    threads_per_worker=1,
+                    host="127.0.0.1",
+                    dashboard_address="127.0.0.1:0",
+                )
+                target: Any = self._local
+            else:
+                target = address
+            self.client = distributed.Client(target, timeout=timeout_s, set_as_default=False)
+        except (OSError, TimeoutError) as e:
+            self.close()
+            waited = time.monotonic() - t0
+            raise ClusterError(
+                f"cannot reach the Dask scheduler at {address} (waited {waited:.1f} s): "
+                f"{_one_line(str(e))}"
+            ) from None
+        try:
+            self.check_versions()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+            self.client = None
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+
+    # ------------------------------------------------------------ checks
+
+    def check_versions(self) -> None:
+        """Dask's version check (client, scheduler, workers), chiptrace's version too."""
+        try:
+            self.client.get_versions(check=True, packages=["chiptrace"])
+        except ValueError as e:
+            raise ClusterError(_one_line(str(e))) from None
+
+    def check_paths(self, paths: Iterable[Path], store: Path) -> None:
+        """Every worker sees each of `paths` and the very folder `store` (a token the client
+        writes there must read back): one line naming the first worker that does not."""
+        token = secrets.token_hex(8)
+        probe = store / f".dask-probe-{token}"
+        probe.write_text(token)
+        try:
+            seen = self.client.run(_can_see, [str(p) for p in paths], str(probe), token)
+        finally:
+            probe.unlink(missing_ok=True)
+        if not seen:
+            raise ClusterError(f"no Dask worker is connected to the scheduler at {self.address}")
+        for worker, missing in sorted(seen.items()):
+            if missing:
+                raise ClusterError(
+                    f"Dask worker {worker} cannot see {missing}; expected storage every "
+                    "worker sees (the same path on every host)"
+                )
+
+    # ------------------------------------------------------------ tasks
+
+    @property
+    def workers(self) -> int:
+        return len(self.client.scheduler_info(n_workers=-1).get("workers", {}))
+
+    def dashboard(self) -> str | None:
+        """The scheduler's dashboard address, or None where it runs without one."""
+        info = self.client.scheduler_info(n_workers=0)
+        if "dashboard" not in info.get("services", {}):
+            return None
+        link: str | None = self.client.dashboard_link
+        return link
+
+    def submit(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+        # pure=False with a key of our own: a retried task keeps its name in the dashboard.
+        return self.client.submit(fn, *args, key=key, pure=False)
+
+    def as_completed(self, futures: list[Any]) -> Iterator[Any]:
+        return iter(self._distributed.as_completed(futures, loop=self.client.loop))
+
+    def cancel(self, futures: list[Any]) -> None:
+        self.client.cancel(futures)
+
+
+def _can_see(paths: list[str], probe: str, token: str) -> str | None:
+    """Run on each worker: the first path it cannot see, or None."""
+    try:
+        with open(probe, encoding="utf-8") as fh:
+            if fh.read() != token:
+                return str(Path(probe).parent)
+    except OSError:
+        return str(Path(probe).parent)
+    for p in paths:
+        if not os.path.exists(p):
+            return p
+    return None
+
+
+def note(text: str) -> None:
+    """A line for the user on stderr (the dashboard's address, a cluster's size)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()

@@ -1,0 +1,295 @@
+"""An import as independent tasks over shared storage, for a cluster (chiptrace.cluster).
+
+The plan is run_import's, cut where it already divides: pass 1 reads each file into blocks
+(`read_file`: static columns spilled, the tree's numbers kept), the client decides what
+needs every file from their facts (clock offsets and rank prefixes: `assemble.align_offsets`,
+`assemble.qualifier`), pass 2 builds each file's tree and writes its parts (`write_file`,
+the Assembler's own per-file step). Here pass 1 also saves its blocks' numbers beside the
+spills, so pass 2 may run on another worker, and every task's output is a folder of its
+own inside the import's staging folder (`<out>/.import-<nonce>/`).
+
+Retries lose and double nothing: a task writes into `<task>.tmp-<nonce>` and renames it to
+`<task>` only once complete, replacing what an earlier try of the same task left there;
+pass 2 links the spills it consumes instead of taking them, so it can run again; the
+client moves only the parts of finished `write-*` folders, once, at the commit. A worker
+killed mid-task leaves a `.tmp-` folder that the commit removes with the staging folder.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from chiptrace.importers import ImportSummary
+from chiptrace.importers.assemble import Assembler, Pending, align_offsets, qualifier
+from chiptrace.importers.plan import Block, FileFacts
+from chiptrace.importers.run import (
+    TRACE_EVENT_FORMATS,
+    documents,
+    import_manifest,
+    reader_for,
+    summarize,
+)
+from chiptrace.importers.writer import Staging
+from chiptrace.store import PART_SUFFIX, SPANS_DIR
+
+_BLOCKS = "blocks.pickle"
+
+
+@dataclass
+class ReadResult:
+    """What pass 1 sends back to the client: the file's facts (small: no span columns)."""
+
+    no: int
+    facts: FileFacts
+    done: bool  # OTLP / Jaeger: the parts are written already, there is no pass 2
+
+
+def task_dir(staging: Path, kind: str, no: int) -> Path:
+    return staging / f"{kind}-{no:05d}"
+
+
+def _fresh(final: Path) -> Path:
+    tmp = final.with_name(f"{final.name}.tmp-{secrets.token_hex(4)}")
+    tmp.mkdir()  # not parents: a task left running after an abort must not recreate staging
+    return tmp
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename a finished task folder into place, replacing an earlier try's."""
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def rank_partition(facts: FileFacts, no: int) -> str:
+    """The hive folder of a file's parts under `--partition-by rank`."""
+    return f"rank={facts.rank if facts.rank is not None else no}"
+
+
+def _parts_staging(tmp: Path, writer_id: str, partition: str | None) -> Staging:
+    return Staging(tmp, {"source": "import"}, writer_id=writer_id, partition=partition)
+
+
+def read_file(path: str, fmt: str, no: int, staging: str, writer_id: str) -> ReadResult:
+    """Pass 1 of one file: its blocks spilled into `<staging>/read-NNNNN/`.
+
+    OTLP and Jaeger files carry their ids, so their parts are final as read: they go to
+    `<staging>/write-NNNNN/` at once.
+    """
+    root = Path(staging)
+    if fmt not in TRACE_EVENT_FORMATS:
+        final = task_dir(root, "write", no)
+        tmp = _fresh(final)
+        parts = _parts_staging(tmp, f"{writer_id}-f{no:05d}", None)
+        try:
+            facts = documents(Path(path), fmt, parts)
+            parts.commit()
+        except BaseException:
+            parts.abort()
+            raise
+        _publish(tmp, final)
+        return ReadResult(no, facts, True)
+    final = task_dir(root, "read", no)
+    tmp = _fresh(final)
+    reader = reader_for(Path(path), fmt)
+    blocks: list[Block] = []
+    for block in reader.blocks(lambda k: str(tmp / f"spill-{k:07d}.arrows")):
+        block.spill = None if block.spill is None else Path(block.spill).name
+        blocks.append(block)
+        reader.facts.spans += len(block.start)
+    with open(tmp / _BLOCKS, "wb") as fh:
+        pickle.dump(blocks, fh, protocol=5)
+    _publish(tmp, final)
+    return ReadResult(no, reader.facts, False)
+
+
+def write_file(
+    staging: str,
+    no: int,
+    facts: FileFacts,
+    offset: int,
+    prefix: str,
+    seed: bytes,
+    align: str,
+    writer_id: str,
+    partition_by: str | None,
+) -> int:
+    """Pass 2 of one file: its tree, ids and parts into `<staging>/write-NNNNN/`; returns
+    the spans written. `offset` and `prefix` are the client's decisions over every file."""
+    root = Path(staging)
+    src = task_dir(root, "read", no)
+    with open(src / _BLOCKS, "rb") as fh:
+        blocks: list[Block] = pickle.load(fh)
+    final = task_dir(root, "write", no)
+    tmp = _fresh(final)
+    for b in blocks:
+        if b.spill is not None:  # a link: Assembler consumes (unlinks) it, a retry has its own
+            os.link(src / b.spill, tmp / b.spill)
+            b.spill = str(tmp / b.spill)
+    partition = rank_partition(facts, no) if partition_by == "rank" else None
+    parts = _parts_staging(tmp, f"{writer_id}-f{no:05d}", partition)
+    try:
+        asm = Assembler(parts, seed, align)
+        asm.offsets = {no: offset}
+        n = asm.write_file(Pending(no, facts, blocks), prefix)
+        parts.commit()
+    except BaseException:
+        parts.abort()
+        raise
+    for spill in tmp.glob("spill-*"):
+        spill.unlink()
+    _publish(tmp, final)
+    return n
+
+
+def gather_parts(staging: Path, files: int) -> int:
+    """Move every finished write task's parts into the staging folder's own `spans/`
+    (keeping hive folders), for Staging.commit; returns the number of parts."""
+    moved = 0
+    for no in range(files):
+        spans = task_dir(staging, "write", no) / SPANS_DIR
+        for part in sorted(spans.rglob(f"*{PART_SUFFIX}")):
+            if part.name.startswith("."):
+                continue
+            dest = staging / SPANS_DIR / part.relative_to(spans)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(part, dest)
+            moved += 1
+    return moved
+
+
+# ---------------------------------------------------------------- the plan, on an executor
+
+
+class Executor(Protocol):
+    """Where tasks run: chiptrace.cluster's Dask client, or `InProcess`."""
+
+    def submit(self, key: str, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    def as_completed(self, futures: list[Any]) -> Iterator[Any]: ...
+
+    def cancel(self, futures: list[Any]) -> None: ...
+
+
+class InProcess:
+    """Runs each task as it is submitted, here (`--partition-by` without a cluster)."""
+
+    workers = 0
+
+    def submit(self, key: str, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # handed back through result(), as a pool would
+            fut.set_exception(e)
+        return fut
+
+    def as_completed(self, futures: list[Any]) -> Iterator[Any]:
+        return iter(futures)
+
+    def cancel(self, futures: list[Any]) -> None:
+        pass
+
+
+@dataclass
+class Progress:
+    """How far a task import is: files fully written, tasks done, spans written."""
+
+    files_done: int
+    files: int
+    tasks_done: int
+    tasks: int
+    spans: int
+    seconds: float
+
+
+def run_tasks(
+    files: list[Path],
+    formats: list[str],
+    out: Path,
+    align: str,
+    seed: bytes,
+    executor: Executor,
+    progress: Callable[[Progress], None] | None = None,
+    partition_by: str | None = None,
+) -> ImportSummary:
+    """run_import's plan as tasks: read every file, decide offsets and prefixes here,
+    write every file; then commit the parts at once (or remove everything on error)."""
+    from chiptrace.importers.writer import Staging
+
+    staging = Staging(out, import_manifest(files, formats, align))
+    given = files
+    files = [f.resolve() for f in files]  # a worker's working folder is not this one's
+    wid = staging.dir.name.removeprefix(".import-")
+    root = str(staging.dir.resolve())
+    t0 = time.perf_counter()
+    tasks = sum(2 if f in TRACE_EVENT_FORMATS else 1 for f in formats)
+    state = Progress(0, len(files), 0, tasks, 0, 0.0)
+    futures: list[Any] = []
+
+    def tick(files_done: int = 0, spans: int = 0) -> None:
+        state.tasks_done += 1
+        state.files_done += files_done
+        state.spans += spans
+        state.seconds = time.perf_counter() - t0
+        if progress:
+            progress(state)
+
+    try:
+        futures = [
+            executor.submit(f"chiptrace-read-{wid}-{no}", read_file, str(p), fmt, no, root, wid)
+            for no, (p, fmt) in enumerate(zip(files, formats, strict=True))
+        ]
+        results: dict[int, ReadResult] = {}
+        for fut in executor.as_completed(futures):
+            r = fut.result()
+            results[r.no] = r
+            tick(int(r.done), r.facts.spans if r.done else 0)
+        facts = [results[no].facts for no in range(len(files))]
+        for f, path in zip(facts, given, strict=True):
+            f.path = str(path)
+        pending = [
+            Pending(no, results[no].facts) for no in range(len(files)) if not results[no].done
+        ]
+        offsets = align_offsets(pending, align)
+        prefixes = qualifier(pending)
+        futures = [
+            executor.submit(
+                f"chiptrace-write-{wid}-{p.no}",
+                write_file,
+                root,
+                p.no,
+                p.facts,
+                offsets[p.no],
+                prefixes[p.no],
+                seed,
+                align,
+                wid,
+                partition_by,
+            )
+            for p in pending
+        ]
+        for fut in executor.as_completed(futures):
+            tick(1, fut.result())
+        gather_parts(staging.dir, len(files))
+        summary = summarize(out, facts, pending, offsets, getattr(executor, "workers", 0))
+        staging.writer.spans_written = summary.spans  # the tasks wrote them, not this writer
+        staging.commit(
+            spans_skipped=summary.skipped,
+            run_id=seed[:8].hex(),
+            import_summary={"files": summary.files, "offsets_ns": summary.offsets_ns},
+        )
+        return summary
+    except BaseException:
+        executor.cancel(futures)
+        staging.abort()
+        raise
