@@ -1,0 +1,161 @@
+"""`chiptrace import --dask`: against a real scheduler and two workers (tests/cluster/conftest.py)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+import chiptrace
+from chiptrace.importers import import_trace
+from tests.cluster.conftest import chiptrace_argv, chiptrace_cmd
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.dask
+
+SPANS_SQL = "SELECT name, chip_id, start_ns, end_ns, op_kind, links IS NULL FROM spans ORDER BY ALL"
+
+
+def spans_of(directory: Path) -> list[tuple]:
+    con = chiptrace.connect(directory)
+    n, distinct = con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone()
+    assert n == distinct, f"{directory}: {n - distinct} span ids stored twice"
+    return con.execute(SPANS_SQL).fetchall()
+
+
+@pytest.fixture(scope="module")
+def in_process(rank_files: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple]:
+    out = tmp_path_factory.mktemp("in-process")
+    import_trace(rank_files, out)
+    return spans_of(out)
+
+
+def test_import_on_cluster_equals_in_process(cluster, rank_files, in_process, tmp_path):
+    out = tmp_path / "run"
+    r = chiptrace_cmd(
+        "import",
+        str(rank_files),
+        "--out",
+        str(out),
+        env={"CHIPTRACE_DASK_SCHEDULER": cluster.address},
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"Dask: 2 workers at {cluster.address}" in r.stderr
+    assert spans_of(out) == in_process
+    # Only the committed store is left: no staging folder, one manifest (the import's).
+    assert sorted(p.name for p in out.iterdir()) == ["manifest", "spans"]
+    assert len(list((out / "manifest").iterdir())) == 1
+
+
+def test_partition_by_rank_writes_hive_folders(cluster, rank_files, in_process, tmp_path):
+    out = tmp_path / "run"
+    r = chiptrace_cmd(
+        "import",
+        str(rank_files),
+        "--out",
+        str(out),
+        "--dask",
+        cluster.address,
+        "--partition-by",
+        "rank",
+    )
+    assert r.returncode == 0, r.stderr
+    folders = sorted(p.name for p in (out / "spans").iterdir())
+    assert folders == [f"rank={k}" for k in range(8)]
+    for k in range(8):  # each folder holds that rank's spans only
+        con = chiptrace.connect(sorted((out / "spans" / f"rank={k}").glob("*.parquet")))
+        chips = {c for (c,) in con.execute("SELECT DISTINCT chip_id FROM spans").fetchall() if c}
+        assert chips and all(c.startswith(f"rank{k}/") for c in chips), chips
+    assert spans_of(out) == in_process
+
+
+def test_worker_killed_mid_import_loses_and_doubles_nothing(
+    cluster, rank_files, in_process, tmp_path
+):
+    """SIGKILL a worker while both run a task: Dask reruns its task elsewhere, and the
+    store ends with every span exactly once (the retried task replaced its own folder)."""
+    out = tmp_path / "run"
+    seen: list[int] = []
+
+    def running() -> int:
+        return len(list(out.glob(".import-*/*.tmp-*")))
+
+    def watch() -> None:  # note the most tasks seen running at once
+        while proc.poll() is None:
+            seen.append(running())
+
+    victim = cluster.workers[0]
+    proc = subprocess.Popen(
+        chiptrace_argv("import", str(rank_files), "--out", str(out), "--dask", cluster.address),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: running() >= 2, "two tasks running at once", 120)
+        cluster.kill_worker(victim)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert max(seen) >= 2
+    assert spans_of(out) == in_process
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_scheduler_is_one_line_and_writes_nothing(rank_files, tmp_path):
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    out = tmp_path / "run"
+    r = chiptrace_cmd("import", str(rank_files), "--out", str(out), "--dask", address)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert address in lines[0] and "waited" in lines[0] and "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True
+    )
+    return r.returncode == 0
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs `unshare --mount` (root, Linux)")
+def test_worker_that_cannot_see_the_store_is_named(cluster, rank_files, tmp_path):
+    """A third worker in its own mount namespace with an empty tmpfs over the store's
+    folder: the import stops before any task runs, naming that worker and the path."""
+    store_parent = tmp_path / "shared"
+    store_parent.mkdir()
+    cluster.add_worker(
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs none "{store_parent}" && exec "$0" "$@"',
+    )
+    cluster.wait_workers(3)
+    out = store_parent / "run"
+    r = chiptrace_cmd("import", str(rank_files), "--out", str(out), "--dask", cluster.address)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "cannot see" in lines[0] and str(out) in lines[0]
+    assert "127.0.0.1:" in lines[0]  # the worker's address
+    assert not out.exists()  # made for the check, removed again
