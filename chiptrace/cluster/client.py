@@ -105,16 +105,21 @@ class Cluster:
         except ValueError as e:
             raise ClusterError(_one_line(str(e))) from None
 
-    def check_paths(self, paths: Iterable[Path], store: Path) -> None:
-        """Every worker sees each of `paths` and the very folder `store` (a token the client
-        writes there must read back): one line naming the first worker that does not."""
+    def check_paths(self, paths: Iterable[Path], store: Path | None = None) -> None:
+        """Every worker sees each of `paths` and (to write into) the very folder `store`: a
+        token the client writes there must read back. One line naming the first worker
+        that does not, before any task runs."""
         token = secrets.token_hex(8)
-        probe = store / f".dask-probe-{token}"
-        probe.write_text(token)
+        probe = None if store is None else store / f".dask-probe-{token}"
+        if probe is not None:
+            probe.write_text(token)
         try:
-            seen = self.client.run(_can_see, [str(p) for p in paths], str(probe), token)
+            seen = self.client.run(
+                _can_see, [str(p) for p in paths], None if probe is None else str(probe), token
+            )
         finally:
-            probe.unlink(missing_ok=True)
+            if probe is not None:
+                probe.unlink(missing_ok=True)
         if not seen:
             raise ClusterError(f"no Dask worker is connected to the scheduler at {self.address}")
         for worker, missing in sorted(seen.items()):
@@ -149,14 +154,15 @@ class Cluster:
         self.client.cancel(futures)
 
 
-def _can_see(paths: list[str], probe: str, token: str) -> str | None:
+def _can_see(paths: list[str], probe: str | None, token: str) -> str | None:
     """Run on each worker: the first path it cannot see, or None."""
     try:
-        with open(probe, encoding="utf-8") as fh:
-            if fh.read() != token:
-                return str(Path(probe).parent)
+        if probe is not None:
+            with open(probe, encoding="utf-8") as fh:
+                if fh.read() != token:
+                    return str(Path(probe).parent)
     except OSError:
-        return str(Path(probe).parent)
+        return str(Path(probe).parent) if probe is not None else None
     for p in paths:
         if not os.path.exists(p):
             return p
