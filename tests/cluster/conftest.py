@@ -39,6 +39,7 @@ class DaskCluster:
     address: str = ""
     scheduler: subprocess.Popen | None = None
     workers: list[subprocess.Popen] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)  # worker pid -> its --name
     _named: int = 0
 
     def start(self) -> None:
@@ -79,6 +80,7 @@ class DaskCluster:
             f"w{self._named}",
         )
         proc = self._spawn([*wrap, *cmd], f"worker-{self._named}")
+        self.names[proc.pid] = f"w{self._named}"
         self.workers.append(proc)
         return proc
 

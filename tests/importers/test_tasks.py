@@ -1,0 +1,64 @@
+"""The import plan as tasks (chiptrace.importers.tasks) stores what run_import stores.
+
+Same files, same seed: every column of every span equal, ids included, whether the tasks
+run here or on a cluster (tests/cluster runs them on Dask). And its retry rule: a task run
+twice leaves one copy of its parts.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from chiptrace.importers.detect import detect
+from chiptrace.importers.run import run_import
+from chiptrace.importers.tasks import InProcess, read_file, run_tasks, task_dir, write_file
+from chiptrace.store import part_files
+from tests.importers.conftest import KINETO
+
+FILES = [KINETO / "2rank_sampled_rank-0.json.gz", KINETO / "2rank_sampled_rank-1.json.gz"]
+SEED = bytes(range(16))
+
+
+def _table(out) -> pa.Table:
+    """Every span, dictionary columns decoded (each part has its own dictionaries)."""
+    t = pa.concat_tables([pq.read_table(p) for p in part_files(out)])
+    cols = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in t.columns]
+    t = pa.table(cols, names=t.column_names)
+    return t.sort_by([("start_ns", "ascending"), ("span_id", "ascending")])
+
+
+def test_tasks_store_what_run_import_stores(tmp_path):
+    formats = [detect(f) for f in FILES]
+    run_import(FILES, formats, tmp_path / "a", "auto", SEED, None, 0)
+    s = run_tasks(FILES, formats, tmp_path / "b", "auto", SEED, InProcess())
+    a, b = _table(tmp_path / "a"), _table(tmp_path / "b")
+    assert a.num_rows == b.num_rows == s.spans > 9000
+    for name in a.column_names:
+        assert a.column(name).equals(b.column(name)), name
+    assert [p.parent.name for p in part_files(tmp_path / "b")] == ["spans", "spans"]
+
+
+def test_partition_by_rank_puts_each_file_under_its_rank(tmp_path):
+    formats = [detect(f) for f in FILES]
+    run_tasks(FILES, formats, tmp_path / "b", "auto", SEED, InProcess(), partition_by="rank")
+    parts = part_files(tmp_path / "b")
+    assert sorted(p.parent.name for p in parts) == ["rank=0", "rank=1"]
+    for p in parts:
+        rank = p.parent.name.removeprefix("rank=")
+        chips = set(pq.read_table(p, columns=["chip_id"]).column("chip_id").to_pylist())
+        assert all(c.startswith(f"rank{rank}/") for c in chips if c)
+
+
+def test_a_task_run_twice_replaces_its_own_output(tmp_path):
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    r1 = read_file(str(FILES[0]), "kineto", 0, str(staging), "w")
+    r2 = read_file(str(FILES[0]), "kineto", 0, str(staging), "w")  # the retry
+    assert r1.facts.spans == r2.facts.spans
+    args = (str(staging), 0, r2.facts, 0, "", SEED, "auto", "w", None)
+    n1, n2 = write_file(*args), write_file(*args)
+    assert n1 == n2 == r1.facts.spans
+    written = list((task_dir(staging, "write", 0) / "spans").rglob("*.parquet"))
+    assert sum(pq.read_metadata(p).num_rows for p in written) == n1
+    assert [p.name for p in staging.iterdir() if ".tmp-" in p.name] == []
