@@ -12,6 +12,7 @@ import os
 import secrets
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ class Cluster:
         self._distributed = distributed
         self.address = address
         self._local: Any = None
+        self.client: Any = None
         t0 = time.monotonic()
         try:
             if address == LOCAL:
@@ -67,7 +69,9 @@ class Cluster:
                 target: Any = self._local
             else:
                 target = address
-            self.client = distributed.Client(target, timeout=timeout_s, set_as_default=False)
+            with warnings.catch_warnings():  # a version mismatch: said below, on one line
+                warnings.simplefilter("ignore", distributed.versions.VersionMismatchWarning)
+                self.client = distributed.Client(target, timeout=timeout_s, set_as_default=False)
         except (OSError, TimeoutError) as e:
             self.close()
             waited = time.monotonic() - t0
@@ -88,9 +92,8 @@ class Cluster:
         self.close()
 
     def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
+        if self.client is not None:
+            self.client.close()
             self.client = None
         if self._local is not None:
             self._local.close()
@@ -99,11 +102,18 @@ class Cluster:
     # ------------------------------------------------------------ checks
 
     def check_versions(self) -> None:
-        """Dask's version check (client, scheduler, workers), chiptrace's version too."""
-        try:
-            self.client.get_versions(check=True, packages=["chiptrace"])
-        except ValueError as e:
-            raise ClusterError(_one_line(str(e))) from None
+        """Dask's version check (client, scheduler, workers), chiptrace's version too. Dask
+        only warns; here a mismatch stops the run: workers running other code than the
+        client could store or report something else than it would."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                self.client.get_versions(check=True, packages=["chiptrace"])
+            except ValueError as e:
+                raise ClusterError(_one_line(str(e))) from None
+        for w in caught:
+            if "ismatch" in str(w.message):
+                raise ClusterError(_one_line(str(w.message)))
 
     def check_paths(self, paths: Iterable[Path], store: Path | None = None) -> None:
         """Every worker sees each of `paths` and (to write into) the very folder `store`: a

@@ -1,5 +1,5 @@
 """A real Dask cluster on 127.0.0.1: `dask scheduler` and `dask worker` processes (Dask's own
-commands), random free ports, no dashboard. Every test module here sets marker `dask` (its
+commands), random free ports, dashboards on 127.0.0.1. Every test module here sets marker `dask` (its
 own CI step: pip install -e '.[test,dask]' && pytest -m dask); all skip where Dask is missing.
 Teardown kills every process it started."""
 
@@ -51,7 +51,8 @@ class DaskCluster:
                 "127.0.0.1",
                 "--port",
                 "0",
-                "--no-dashboard",
+                "--dashboard-address",  # its HTTP server runs even with --no-dashboard
+                "127.0.0.1:0",
                 "--scheduler-file",
                 str(sched_file),
             ),
@@ -63,9 +64,10 @@ class DaskCluster:
             self.add_worker()
         self.wait_workers(2)
 
-    def add_worker(self, *wrap: str) -> subprocess.Popen:
+    def add_worker(self, *wrap: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """One more `dask worker` (no nanny: a SIGKILL ends it for good), one thread;
-        `wrap` is a command line it runs under (unshare ... for a worker blind to a path)."""
+        `wrap` is a command line it runs under (unshare ... for a worker blind to a path),
+        `env` variables it gets besides this process's."""
         self._named += 1
         cmd = dask_cmd(
             "worker",
@@ -73,20 +75,29 @@ class DaskCluster:
             "--nthreads",
             "1",
             "--no-nanny",
-            "--no-dashboard",
+            "--dashboard-address",
+            "127.0.0.1:0",
             "--host",
             "127.0.0.1",
             "--name",
             f"w{self._named}",
         )
-        proc = self._spawn([*wrap, *cmd], f"worker-{self._named}")
+        proc = self._spawn([*wrap, *cmd], f"worker-{self._named}", env)
         self.names[proc.pid] = f"w{self._named}"
         self.workers.append(proc)
         return proc
 
-    def _spawn(self, cmd: list[str], name: str) -> subprocess.Popen:
+    def _spawn(
+        self, cmd: list[str], name: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
+        return subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.tmp,
+            env={**os.environ, **(env or {})},
+        )
 
     def live_workers(self) -> int:
         from distributed import Client

@@ -44,7 +44,7 @@ def test_import_on_cluster_equals_in_process(cluster, rank_files, in_process, tm
         env={"CHIPTRACE_DASK_SCHEDULER": cluster.address},
     )
     assert r.returncode == 0, r.stderr
-    assert f"Dask: 2 workers at {cluster.address}" in r.stderr
+    assert f"Dask: 2 workers at {cluster.address}, dashboard http://127.0.0.1:" in r.stderr
     assert spans_of(out) == in_process
     # Only the committed store is left: no staging folder, one manifest (the import's).
     assert sorted(p.name for p in out.iterdir()) == ["manifest", "spans"]
@@ -159,3 +159,21 @@ def test_worker_that_cannot_see_the_store_is_named(cluster, rank_files, tmp_path
     assert "cannot see" in lines[0] and str(out) in lines[0]
     assert "127.0.0.1:" in lines[0]  # the worker's address
     assert not out.exists()  # made for the check, removed again
+
+
+def test_worker_with_another_chiptrace_is_dasks_message_on_one_line(cluster, rank_files, tmp_path):
+    """A worker whose environment holds another chiptrace (a stale install's metadata first
+    on its path): Dask's version check names the package, on one line, before any task."""
+    stale = tmp_path / "stale"
+    meta = stale / "chiptrace-0.0.1.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: chiptrace\nVersion: 0.0.1\n")
+    cluster.add_worker(env={"PYTHONPATH": str(stale)})
+    cluster.wait_workers(3)
+    out = tmp_path / "run"
+    r = chiptrace_cmd("import", str(rank_files), "--out", str(out), "--dask", cluster.address)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "chiptrace" in lines[0] and "0.0.1" in lines[0] and "ismatch" in lines[0]
+    assert not out.exists()
