@@ -8,6 +8,7 @@ address and the path). Nothing is written to the trace dir before these checks p
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import sys
@@ -57,6 +58,8 @@ class Cluster:
         self.address = address
         self._local: Any = None
         self.client: Any = None
+        if address != LOCAL:
+            _check_address(distributed, address)
         t0 = time.monotonic()
         try:
             if address == LOCAL:
@@ -65,6 +68,8 @@ class Cluster:
                     threads_per_worker=1,
                     host="127.0.0.1",
                     dashboard_address="127.0.0.1:0",
+                    # A failed task is reported here, once, as the client's error line.
+                    silence_logs=logging.CRITICAL,
                 )
                 target: Any = self._local
             else:
@@ -162,6 +167,17 @@ class Cluster:
 
     def cancel(self, futures: list[Any]) -> None:
         self.client.cancel(futures)
+
+
+def _check_address(distributed: Any, address: str) -> None:
+    try:
+        _, location = distributed.comm.parse_address(address)
+        distributed.comm.addressing.parse_host_port(location)
+    except ValueError as e:
+        raise ClusterError(
+            f"--dask {address!r}: {_one_line(str(e))}; expected a scheduler address "
+            f"(tcp://host:8786) or {LOCAL}"
+        ) from None
 
 
 def _can_see(paths: list[str], probe: str | None, token: str) -> str | None:

@@ -177,3 +177,24 @@ def test_worker_with_another_chiptrace_is_dasks_message_on_one_line(cluster, ran
     assert len(lines) == 1, r.stderr
     assert "chiptrace" in lines[0] and "0.0.1" in lines[0] and "ismatch" in lines[0]
     assert not out.exists()
+
+
+def test_a_bad_file_fails_the_import_on_one_line_and_stores_nothing(cluster, rank_files, tmp_path):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for f in sorted(rank_files.iterdir())[:3]:
+        (inputs / f.name).symlink_to(f)
+    (inputs / "zz-cut.json").write_text('{"traceEvents": [{"ph": "X", "name": 5')
+    out = tmp_path / "run"
+    r = chiptrace_cmd("import", str(inputs), "--out", str(out), "--dask", cluster.address)
+    assert r.returncode == 2
+    errors = [ln for ln in r.stderr.splitlines() if not ln.startswith("Dask: ")]
+    assert len(errors) == 1 and "zz-cut.json" in errors[0], r.stderr
+    assert not (out / "spans").exists() and not list(out.glob(".import-*"))
+
+
+@pytest.mark.parametrize("address", ["foo", "tcp://127.0.0.1"])
+def test_a_malformed_address_is_one_line(address, rank_files, tmp_path):
+    r = chiptrace_cmd("import", str(rank_files), "--out", str(tmp_path / "run"), "--dask", address)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and f"--dask {address!r}" in r.stderr, r.stderr
