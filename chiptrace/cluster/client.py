@@ -23,6 +23,8 @@ from chiptrace.errors import ChiptraceError
 
 CONNECT_TIMEOUT_S = 10.0  # how long to wait for a scheduler before giving up
 LOCAL = "local"
+CANCEL_WAIT_S = 60.0  # how long a failed run waits for its cancelled tasks to stop
+_BUSY = ("executing", "long-running", "cancelled", "resumed")
 
 
 class ClusterError(ChiptraceError):
@@ -166,7 +168,25 @@ class Cluster:
         return iter(self._distributed.as_completed(futures, loop=self.client.loop))
 
     def cancel(self, futures: list[Any]) -> None:
+        """Cancel the tasks and wait (at most CANCEL_WAIT_S) until none still runs: a task
+        Dask cancels goes on running on its worker, and could write into a staging folder
+        the client is about to remove."""
+        keys = [f.key for f in futures]
         self.client.cancel(futures)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        try:
+            while time.monotonic() < deadline:
+                if not any(self.client.run(_running, keys, on_error="ignore").values()):
+                    return
+                time.sleep(0.05)
+        except Exception:  # a client going down: nothing left to wait for
+            return
+
+
+def _running(keys: list[str], dask_worker: Any = None) -> bool:
+    """Run on each worker: whether one of `keys` still executes there."""
+    tasks = dask_worker.state.tasks
+    return any(k in tasks and tasks[k].state in _BUSY for k in keys)
 
 
 def _check_address(distributed: Any, address: str) -> None:
