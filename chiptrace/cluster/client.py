@@ -167,6 +167,12 @@ class Cluster:
     def as_completed(self, futures: list[Any]) -> Iterator[Any]:
         return iter(self._distributed.as_completed(futures, loop=self.client.loop))
 
+    def block_pool(self) -> Any:
+        """Block tasks for a big file's reading task: two a worker out at once."""
+        from chiptrace.cluster.blocks import BlockTasks
+
+        return BlockTasks(2 * max(self.workers, 1))
+
     def cancel(self, futures: list[Any]) -> None:
         """Cancel the tasks and wait (at most CANCEL_WAIT_S) until none still runs: a task
         Dask cancels goes on running on its worker, and could write into a staging folder

@@ -8,6 +8,10 @@ the Assembler's own per-file step). Here pass 1 also saves its blocks' numbers b
 spills, so pass 2 may run on another worker, and every task's output is a folder of its
 own inside the import's staging folder (`<out>/.import-<nonce>/`).
 
+A big Kineto file (pool.MIN_POOL_BYTES or more) is also cut in slices on a cluster: its
+reading task cuts the blocks and the cluster decodes and maps them, each a task of its own
+(pool.Pool's plan, with Dask's futures for the process pool's).
+
 Retries lose and double nothing: a task writes into `<task>.tmp-<nonce>` and renames it to
 `<task>` only once complete, replacing what an earlier try of the same task left there;
 pass 2 links the spills it consumes instead of taking them, so it can run again; the
@@ -24,6 +28,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +36,7 @@ from typing import Any, Protocol
 from chiptrace.importers import ImportSummary
 from chiptrace.importers.assemble import Assembler, Pending, align_offsets, qualifier
 from chiptrace.importers.plan import Block, FileFacts
+from chiptrace.importers.pool import MIN_POOL_BYTES
 from chiptrace.importers.run import (
     TRACE_EVENT_FORMATS,
     documents,
@@ -79,11 +85,15 @@ def _parts_staging(tmp: Path, writer_id: str, partition: str | None) -> Staging:
     return Staging(tmp, {"source": "import"}, writer_id=writer_id, partition=partition)
 
 
-def read_file(path: str, fmt: str, no: int, staging: str, writer_id: str) -> ReadResult:
+def read_file(
+    path: str, fmt: str, no: int, staging: str, writer_id: str, blocks_on: Any = None
+) -> ReadResult:
     """Pass 1 of one file: its blocks spilled into `<staging>/read-NNNNN/`.
 
     OTLP and Jaeger files carry their ids, so their parts are final as read: they go to
-    `<staging>/write-NNNNN/` at once.
+    `<staging>/write-NNNNN/` at once. `blocks_on`: for a big Kineto file, a context
+    manager giving pool.Pool's interface (chiptrace.cluster's block tasks): this task
+    reads and cuts the file, the pool's tasks decode and map its blocks.
     """
     root = Path(staging)
     if fmt not in TRACE_EVENT_FORMATS:
@@ -102,10 +112,12 @@ def read_file(path: str, fmt: str, no: int, staging: str, writer_id: str) -> Rea
     tmp = _fresh(final)
     reader = reader_for(Path(path), fmt)
     blocks: list[Block] = []
-    for block in reader.blocks(lambda k: str(tmp / f"spill-{k:07d}.arrows")):
-        block.spill = None if block.spill is None else Path(block.spill).name
-        blocks.append(block)
-        reader.facts.spans += len(block.start)
+    pooled = blocks_on if blocks_on is not None and fmt == "kineto" else nullcontext()
+    with pooled as pool:
+        for block in reader.blocks(lambda k: str(tmp / f"spill-{k:07d}.arrows"), pool):
+            block.spill = None if block.spill is None else Path(block.spill).name
+            blocks.append(block)
+            reader.facts.spans += len(block.start)
     with open(tmp / _BLOCKS, "wb") as fh:
         pickle.dump(blocks, fh, protocol=5)
     _publish(tmp, final)
@@ -179,6 +191,10 @@ class Executor(Protocol):
 
     def cancel(self, futures: list[Any]) -> None: ...
 
+    def block_pool(self) -> Any:
+        """What read_file's `blocks_on` gets for a big file (None: map its blocks in the task)."""
+        ...
+
 
 class InProcess:
     """Runs each task as it is submitted, here (`--partition-by` without a cluster)."""
@@ -198,6 +214,9 @@ class InProcess:
 
     def cancel(self, futures: list[Any]) -> None:
         pass
+
+    def block_pool(self) -> Any:
+        return None
 
 
 @dataclass
@@ -245,8 +264,18 @@ def run_tasks(
             progress(state)
 
     try:
+        pool = executor.block_pool()
         futures = [
-            executor.submit(f"chiptrace-read-{wid}-{no}", read_file, str(p), fmt, no, root, wid)
+            executor.submit(
+                f"chiptrace-read-{wid}-{no}",
+                read_file,
+                str(p),
+                fmt,
+                no,
+                root,
+                wid,
+                pool if os.path.getsize(p) >= MIN_POOL_BYTES else None,
+            )
             for no, (p, fmt) in enumerate(zip(files, formats, strict=True))
         ]
         results: dict[int, ReadResult] = {}

@@ -198,3 +198,26 @@ def test_a_malformed_address_is_one_line(address, rank_files, tmp_path):
     r = chiptrace_cmd("import", str(rank_files), "--out", str(tmp_path / "run"), "--dask", address)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and f"--dask {address!r}" in r.stderr, r.stderr
+
+
+def test_a_big_file_is_cut_into_block_tasks(cluster, tmp_path):
+    """A Kineto file of pool.MIN_POOL_BYTES or more: its blocks are decoded and mapped as
+    tasks of their own (`map_block`), and the store is the in-process import's."""
+    from distributed import Client, get_task_stream
+    from rank_files import write_rank
+
+    from chiptrace.importers.pool import MIN_POOL_BYTES
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    write_rank(inputs / "rank-0.json", 0, 2, 30)
+    write_rank(inputs / "rank-1.json", 1, 2, 1)
+    assert (inputs / "rank-0.json").stat().st_size >= MIN_POOL_BYTES
+    import_trace(inputs, tmp_path / "local")
+    out = tmp_path / "run"
+    with Client(cluster.address, timeout=10) as c, get_task_stream(client=c) as ts:
+        r = chiptrace_cmd("import", str(inputs), "--out", str(out), "--dask", cluster.address)
+    assert r.returncode == 0, r.stderr
+    names = [t["key"] for t in ts.data]
+    assert sum("map_block" in str(k) for k in names) >= 10, names[:20]
+    assert spans_of(out) == spans_of(tmp_path / "local")
