@@ -2,8 +2,7 @@
 
 Each stage is a plain function of (a source, a selection) that returns a small result: a
 source is an open connection (in process) or a tuple of store paths, trace dirs or part
-files (on a Dask worker, which opens its own DuckDB over them and keeps it for the next
-task). `TraceAnalysis` hands every call to a `Runner`: `InProcess` calls them here, in
+files (on a Dask worker, which opens its own DuckDB over them for the task). `TraceAnalysis` hands every call to a `Runner`: `InProcess` calls them here, in
 order; chiptrace.cluster's runs them as Dask tasks. The client merges the results the same
 way either runner returns them, so a report on a cluster is the single-process report.
 
@@ -22,8 +21,8 @@ way either runner returns them, so a report on a cluster is the single-process r
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,8 +39,6 @@ Source = Any  # a DuckDB connection, or a tuple of paths (trace dirs or part fil
 
 # The report's DuckDB memory share (trace_analysis.MEMORY_LIMIT), per task on a worker.
 TASK_MEMORY_LIMIT = "2GB"
-_OPEN = 4  # connections a worker keeps open for the next task over the same store
-_cons: OrderedDict[tuple[str, ...], Any] = OrderedDict()
 
 
 class Runner(Protocol):
@@ -63,20 +60,20 @@ class InProcess:
         return [fn(*args) for args in calls]
 
 
-def connection(src: Source) -> Any:
-    """The connection a stage works on: `src` itself, or one opened over its paths (kept
-    for the next task on this worker: opening checks every part's footer)."""
+@contextmanager
+def connection(src: Source) -> Iterator[Any]:
+    """The connection a stage works on: `src` itself, or one opened over its paths for
+    this task (not kept: the next task may find a store that has grown since)."""
     if not isinstance(src, tuple):
-        return src
-    con = _cons.pop(src, None)
-    if con is None:
-        from chiptrace.query import connect
+        yield src
+        return
+    from chiptrace.query import connect
 
-        con = connect(list(src), memory_limit=TASK_MEMORY_LIMIT)
-    _cons[src] = con
-    while len(_cons) > _OPEN:
-        _cons.popitem(last=False)[1].close()
-    return con
+    con = connect(list(src), memory_limit=TASK_MEMORY_LIMIT)
+    try:
+        yield con
+    finally:
+        con.close()
 
 
 # ---------------------------------------------------------------- per step
@@ -114,12 +111,12 @@ def rank_stage(
 ) -> RankPart:
     """The GPU time breakdown and launch queue of the ranks in `src`; `filtering` None:
     decided from the step names `src` holds."""
-    con = connection(src)
-    names = frozenset(n for (n,) in con.execute(STEP_NAMES_SQL).fetchall())
-    on = len(names) >= 2 if filtering is None else filtering
-    ranks = rank_breakdown(con, since_ns, until_ns, on)
-    # HTA's launch queue needs its device events: none where there is no rank breakdown.
-    launch = launch_queue(con, since_ns, until_ns, on) if ranks else []
+    with connection(src) as con:
+        names = frozenset(n for (n,) in con.execute(STEP_NAMES_SQL).fetchall())
+        on = len(names) >= 2 if filtering is None else filtering
+        ranks = rank_breakdown(con, since_ns, until_ns, on)
+        # HTA's launch queue needs its device events: none where there is no rank breakdown.
+        launch = launch_queue(con, since_ns, until_ns, on) if ranks else []
     return RankPart(names, on, ranks, launch)
 
 
