@@ -89,7 +89,7 @@ def _import(args: argparse.Namespace, bar: Any, executor: Any) -> Any:
     from chiptrace.importers import import_trace
 
     def on_bytes(done: int, total: int) -> None:
-        bar.update(done / total if total else 1.0)
+        bar.update(done / total if total else 1.0, done=done >> 20, total=total >> 20, unit="MiB")
 
     def on_task(p: Any) -> None:
         bar.update(p.tasks_done / p.tasks, done=p.files_done, total=p.files, spans=p.spans)

@@ -52,3 +52,8 @@ def test_nothing_is_drawn_when_piped(tmp_path):
         timeout=120,
     )
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_an_import_in_process_draws_bytes_on_a_terminal(tmp_path):
+    err = _stderr_on_a_terminal(["import", *FILES, "--out", str(tmp_path / "t")])
+    assert "importing [" in err and " MiB" in err and "100%" in err, err
