@@ -1,6 +1,6 @@
 """A real Dask cluster on 127.0.0.1: `dask scheduler` and `dask worker` processes (Dask's own
 commands), random free ports, dashboards on 127.0.0.1. Every test module here sets marker `dask` (its
-own CI step: pip install -e '.[test,dask]' && pytest -m dask); all skip where Dask is missing.
+own CI step: pip install -e '.[test,dask]' && pytest -m dask) and skips where Dask is missing.
 Teardown kills every process it started."""
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 
 from tests.waiting import wait_until
-
-pytest.importorskip("distributed", reason="Dask distributed: pip install -e '.[test,dask]'")
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # rank_files: many-rank traces from the fixtures

@@ -16,6 +16,7 @@ from tests.cluster.conftest import chiptrace_argv, chiptrace_cmd
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.dask
+pytest.importorskip("distributed", reason="Dask distributed: pip install -e '.[test,dask]'")
 
 SPANS_SQL = "SELECT name, chip_id, start_ns, end_ns, op_kind, links IS NULL FROM spans ORDER BY ALL"
 

@@ -13,6 +13,7 @@ from chiptrace.importers import import_trace
 from tests.cluster.conftest import chiptrace_argv, chiptrace_cmd
 
 pytestmark = pytest.mark.dask
+pytest.importorskip("distributed", reason="Dask distributed: pip install -e '.[test,dask]'")
 
 
 @pytest.fixture(scope="module")
