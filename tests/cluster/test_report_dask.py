@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
 from chiptrace.importers import import_trace
 from tests.cluster.conftest import chiptrace_argv, chiptrace_cmd
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.dask
 pytest.importorskip("distributed", reason="Dask distributed: pip install -e '.[test,dask]'")
@@ -71,7 +71,6 @@ def test_worker_killed_mid_report_gives_the_same_report(cluster, stores, single)
         stderr=subprocess.PIPE,
         text=True,
     )
-    killed = threading.Event()
     with Client(cluster.address, timeout=10) as c:
         info = c.scheduler_info(n_workers=-1)["workers"]
         addr = next(a for a, w in info.items() if w["name"] == cluster.names[victim.pid])
@@ -79,11 +78,11 @@ def test_worker_killed_mid_report_gives_the_same_report(cluster, stores, single)
         def busy() -> bool:
             return any("chiptrace-" in str(k) for k in c.processing(workers=[addr]).get(addr, ()))
 
-        while proc.poll() is None and not killed.is_set():
-            if busy():
-                cluster.kill_worker(victim)
-                killed.set()
+        wait_until(lambda: proc.poll() is not None or busy(), "a report task on the victim", 240)
+        killed = proc.poll() is None
+        if killed:
+            cluster.kill_worker(victim)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
-    assert killed.is_set(), "the report ended before the worker had a task"
+    assert killed, "the report ended before the worker had a task"
     _close(single["hive"], json.loads(stdout))
