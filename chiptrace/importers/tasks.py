@@ -26,7 +26,7 @@ import pickle
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -243,82 +243,97 @@ def run_tasks(
 ) -> ImportSummary:
     """run_import's plan as tasks: read every file, decide offsets and prefixes here,
     write every file; then commit the parts at once (or remove everything on error)."""
-    from chiptrace.importers.writer import Staging
-
-    staging = Staging(out, import_manifest(files, formats, align))
-    given = files
-    files = [f.resolve() for f in files]  # a worker's working folder is not this one's
-    wid = staging.dir.name.removeprefix(".import-")
-    root = str(staging.dir.resolve())
-    t0 = time.perf_counter()
-    tasks = sum(2 if f in TRACE_EVENT_FORMATS else 1 for f in formats)
-    state = Progress(0, len(files), 0, tasks, 0, 0.0)
-    futures: list[Any] = []
-
-    def tick(files_done: int = 0, spans: int = 0) -> None:
-        state.tasks_done += 1
-        state.files_done += files_done
-        state.spans += spans
-        state.seconds = time.perf_counter() - t0
-        if progress:
-            progress(state)
-
+    run = _TaskImport(files, formats, out, executor, progress, align)
     try:
-        pool = executor.block_pool()
-        futures = [
-            executor.submit(
-                f"chiptrace-read-{wid}-{no}",
-                read_file,
-                str(p),
-                fmt,
-                no,
-                root,
-                wid,
-                pool if os.path.getsize(p) >= MIN_POOL_BYTES else None,
-            )
-            for no, (p, fmt) in enumerate(zip(files, formats, strict=True))
-        ]
-        results: dict[int, ReadResult] = {}
-        for fut in executor.as_completed(futures):
-            r = fut.result()
-            results[r.no] = r
-            tick(int(r.done), r.facts.spans if r.done else 0)
+        results = run.read_all()
         facts = [results[no].facts for no in range(len(files))]
-        for f, path in zip(facts, given, strict=True):
-            f.path = str(path)
-        pending = [
-            Pending(no, results[no].facts) for no in range(len(files)) if not results[no].done
-        ]
+        for f, path in zip(facts, files, strict=True):
+            f.path = str(path)  # as given, as run_import reports it
+        pending = [Pending(no, r.facts) for no, r in sorted(results.items()) if not r.done]
         offsets = align_offsets(pending, align)
         prefixes = qualifier(pending)
-        futures = [
-            executor.submit(
-                f"chiptrace-write-{wid}-{p.no}",
-                write_file,
-                root,
-                p.no,
-                p.facts,
-                offsets[p.no],
-                prefixes[p.no],
-                seed,
-                align,
-                wid,
-                partition_by,
-            )
+        run.write_all(
+            (p.no, p.facts, offsets[p.no], prefixes[p.no], seed, align, run.wid, partition_by)
             for p in pending
-        ]
-        for fut in executor.as_completed(futures):
-            tick(1, fut.result())
-        gather_parts(staging.dir, len(files))
+        )
+        gather_parts(run.staging.dir, len(files))
         summary = summarize(out, facts, pending, offsets, getattr(executor, "workers", 0))
-        staging.writer.spans_written = summary.spans  # the tasks wrote them, not this writer
-        staging.commit(
+        run.staging.writer.spans_written = summary.spans  # the tasks wrote them, not it
+        run.staging.commit(
             spans_skipped=summary.skipped,
             run_id=seed[:8].hex(),
             import_summary={"files": summary.files, "offsets_ns": summary.offsets_ns},
         )
         return summary
     except BaseException:
-        executor.cancel(futures)
-        staging.abort()
+        executor.cancel(run.futures)
+        run.staging.abort()
         raise
+
+
+class _TaskImport:
+    """One task import's staging folder, its tasks out, and its progress."""
+
+    def __init__(
+        self,
+        files: list[Path],
+        formats: list[str],
+        out: Path,
+        executor: Executor,
+        progress: Callable[[Progress], None] | None,
+        align: str,
+    ) -> None:
+        from chiptrace.importers.writer import Staging
+
+        self.staging = Staging(out, import_manifest(files, formats, align))
+        self.files = [f.resolve() for f in files]  # a worker's working folder is not ours
+        self.formats = formats
+        self.executor = executor
+        self.wid = self.staging.dir.name.removeprefix(".import-")
+        self.root = str(self.staging.dir.resolve())
+        tasks = sum(2 if f in TRACE_EVENT_FORMATS else 1 for f in formats)
+        self.state = Progress(0, len(files), 0, tasks, 0, 0.0)
+        self.progress = progress
+        self.futures: list[Any] = []
+        self._t0 = time.perf_counter()
+
+    def _tick(self, files_done: int, spans: int) -> None:
+        st = self.state
+        st.tasks_done += 1
+        st.files_done += files_done
+        st.spans += spans
+        st.seconds = time.perf_counter() - self._t0
+        if self.progress:
+            self.progress(st)
+
+    def read_all(self) -> dict[int, ReadResult]:
+        """Pass 1: a task per file (a big Kineto file's blocks: tasks of their own too)."""
+        pool = self.executor.block_pool()
+        self.futures = [
+            self.executor.submit(
+                f"chiptrace-read-{self.wid}-{no}",
+                read_file,
+                str(p),
+                fmt,
+                no,
+                self.root,
+                self.wid,
+                pool if os.path.getsize(p) >= MIN_POOL_BYTES else None,
+            )
+            for no, (p, fmt) in enumerate(zip(self.files, self.formats, strict=True))
+        ]
+        results: dict[int, ReadResult] = {}
+        for fut in self.executor.as_completed(self.futures):
+            r = fut.result()
+            results[r.no] = r
+            self._tick(int(r.done), r.facts.spans if r.done else 0)
+        return results
+
+    def write_all(self, calls: Iterable[tuple[Any, ...]]) -> None:
+        """Pass 2: a task per Trace Event file, `write_file(staging, *call)`."""
+        self.futures = [
+            self.executor.submit(f"chiptrace-write-{self.wid}-{c[0]}", write_file, self.root, *c)
+            for c in calls
+        ]
+        for fut in self.executor.as_completed(self.futures):
+            self._tick(1, fut.result())
