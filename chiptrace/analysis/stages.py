@@ -52,12 +52,24 @@ class Runner(Protocol):
 
 
 class InProcess:
-    """Runs every stage here, one after another, on the analysis's own connection."""
+    """Runs every stage here, one after another, on the analysis's own connection;
+    `progress(done, total)` after each (a terminal's progress bar)."""
 
     remote = False
 
+    def __init__(self, progress: Callable[[int, int], None] | None = None) -> None:
+        self.progress = progress
+        self.done = self.total = 0
+
     def map(self, name: str, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
-        return [fn(*args) for args in calls]
+        self.total += len(calls)
+        out = []
+        for args in calls:
+            out.append(fn(*args))
+            self.done += 1
+            if self.progress:
+                self.progress(self.done, self.total)
+        return out
 
 
 @contextmanager

@@ -93,11 +93,14 @@ def _on_cluster(args: argparse.Namespace, address: str, analyse: Any) -> dict[st
         )
         bar = Bar("reporting")
         try:
-            return analyse(
-                DaskRunner(cluster, lambda d, n: bar.update(d / n, done=d, total=n, unit="tasks"))
-            )
+            return analyse(DaskRunner(cluster, _stages_bar(bar)))
         finally:
             bar.close()
+
+
+def _stages_bar(bar: Any) -> Any:
+    """The report's progress: stages done of those handed out so far (per rank, per step)."""
+    return lambda done, total: bar.update(done / total, done=done, total=total, unit="stages")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +126,17 @@ def run(args: argparse.Namespace) -> int:
         return ta.report().to_dict()
 
     address = address_from(args.dask)
-    report = analyse() if address is None else _on_cluster(args, address, analyse)
+    if address is None:
+        from chiptrace.analysis.stages import InProcess
+        from chiptrace.cli._progress import Bar
+
+        bar = Bar("reporting")
+        try:
+            report = analyse(InProcess(_stages_bar(bar)) if bar.on else None)
+        finally:
+            bar.close()
+    else:
+        report = _on_cluster(args, address, analyse)
     if args.html:
         write_text(args.html, render_html(report))
     if args.json:

@@ -57,3 +57,11 @@ def test_nothing_is_drawn_when_piped(tmp_path):
 def test_an_import_in_process_draws_bytes_on_a_terminal(tmp_path):
     err = _stderr_on_a_terminal(["import", *FILES, "--out", str(tmp_path / "t")])
     assert "importing [" in err and " MiB" in err and "100%" in err, err
+
+
+def test_a_report_draws_its_stages_on_a_terminal(tmp_path):
+    from chiptrace.importers import import_trace
+
+    import_trace(FILES, tmp_path / "t")
+    err = _stderr_on_a_terminal(["report", str(tmp_path / "t")])
+    assert "reporting [" in err and " stages" in err, err
