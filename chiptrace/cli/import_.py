@@ -100,7 +100,7 @@ def _import(args: argparse.Namespace, bar: Any, executor: Any) -> Any:
         format=args.format,
         align=args.align,
         progress=on_bytes if bar.on else None,
-        workers=None if executor is not None else args.workers,
+        workers=args.workers if executor is None else None,
         executor=executor,
         partition_by=args.partition_by,
         on_task=on_task if bar.on else None,

@@ -167,11 +167,13 @@ class Cluster:
     def as_completed(self, futures: list[Any]) -> Iterator[Any]:
         return iter(self._distributed.as_completed(futures, loop=self.client.loop))
 
-    def block_pool(self) -> Any:
-        """Block tasks for a big file's reading task: two a worker out at once."""
+    def block_pool(self, size: int) -> Any:
+        """Block tasks for a big file's reading task (two a worker out at once); None for
+        a file under pool.MIN_POOL_BYTES: its task maps it faster than tasks would."""
         from chiptrace.cluster.blocks import BlockTasks
+        from chiptrace.importers.pool import MIN_POOL_BYTES
 
-        return BlockTasks(2 * max(self.workers, 1))
+        return BlockTasks(2 * max(self.workers, 1)) if size >= MIN_POOL_BYTES else None
 
     def cancel(self, futures: list[Any]) -> None:
         """Cancel the tasks and wait (at most CANCEL_WAIT_S) until none still runs: a task

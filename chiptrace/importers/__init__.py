@@ -152,7 +152,7 @@ def import_trace(
         else:
             from chiptrace.importers.tasks import InProcess, run_tasks
 
-            ex = executor if executor is not None else InProcess()
+            ex = executor if executor is not None else InProcess(workers)
             summary = run_tasks(files, formats, Path(out), align, seed, ex, on_task, partition_by)
     finally:
         pa.set_memory_pool(pool)

@@ -10,7 +10,8 @@ own inside the import's staging folder (`<out>/.import-<nonce>/`).
 
 A big Kineto file (pool.MIN_POOL_BYTES or more) is also cut in slices on a cluster: its
 reading task cuts the blocks and the cluster decodes and maps them, each a task of its own
-(pool.Pool's plan, with Dask's futures for the process pool's).
+(pool.Pool's plan, with Dask's futures for the process pool's); in process, the blocks go
+to pool.Pool itself, as run_import's do.
 
 Retries lose and double nothing: a task writes into `<task>.tmp-<nonce>` and renames it to
 `<task>` only once complete, replacing what an earlier try of the same task left there;
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 from chiptrace.importers import ImportSummary
 from chiptrace.importers.assemble import Assembler, Pending, align_offsets, qualifier
 from chiptrace.importers.plan import Block, FileFacts
-from chiptrace.importers.pool import MIN_POOL_BYTES
+from chiptrace.importers.pool import Pool, worker_count
 from chiptrace.importers.run import (
     TRACE_EVENT_FORMATS,
     documents,
@@ -191,15 +192,19 @@ class Executor(Protocol):
 
     def cancel(self, futures: list[Any]) -> None: ...
 
-    def block_pool(self) -> Any:
-        """What read_file's `blocks_on` gets for a big file (None: map its blocks in the task)."""
+    def block_pool(self, size: int) -> Any:
+        """What read_file's `blocks_on` gets for a file of `size` bytes (None: its task
+        maps its blocks itself)."""
         ...
 
 
 class InProcess:
-    """Runs each task as it is submitted, here (`--partition-by` without a cluster)."""
+    """Runs each task as it is submitted, here (`--partition-by` without a cluster); a big
+    Kineto file's blocks go to the import's process pool (pool.Pool), as run_import's do."""
 
-    workers = 0
+    def __init__(self, workers: int | None = None) -> None:
+        self.requested = workers
+        self.workers = 0
 
     def submit(self, key: str, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         fut: Future[Any] = Future()
@@ -215,8 +220,27 @@ class InProcess:
     def cancel(self, futures: list[Any]) -> None:
         pass
 
-    def block_pool(self) -> Any:
-        return None
+    def block_pool(self, size: int) -> Any:
+        n = worker_count(self.requested, size)  # as run_import decides
+        self.workers = max(self.workers, n)
+        return _PoolBlocks(n) if n else None
+
+
+class _PoolBlocks:
+    """pool.Pool as read_file's `blocks_on`: forked on entering, closed on leaving."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._pool: Pool | None = None
+
+    def __enter__(self) -> Pool:
+        self._pool = Pool(self.workers)
+        return self._pool
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 @dataclass
@@ -308,7 +332,6 @@ class _TaskImport:
 
     def read_all(self) -> dict[int, ReadResult]:
         """Pass 1: a task per file (a big Kineto file's blocks: tasks of their own too)."""
-        pool = self.executor.block_pool()
         self.futures = [
             self.executor.submit(
                 f"chiptrace-read-{self.wid}-{no}",
@@ -318,7 +341,7 @@ class _TaskImport:
                 no,
                 self.root,
                 self.wid,
-                pool if os.path.getsize(p) >= MIN_POOL_BYTES else None,
+                self.executor.block_pool(os.path.getsize(p)) if fmt == "kineto" else None,
             )
             for no, (p, fmt) in enumerate(zip(self.files, self.formats, strict=True))
         ]

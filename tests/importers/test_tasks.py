@@ -7,6 +7,10 @@ twice leaves one copy of its parts.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -62,3 +66,24 @@ def test_a_task_run_twice_replaces_its_own_output(tmp_path):
     written = list((task_dir(staging, "write", 0) / "spans").rglob("*.parquet"))
     assert sum(pq.read_metadata(p).num_rows for p in written) == n1
     assert [p.name for p in staging.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_a_task_import_maps_blocks_in_the_process_pool_as_run_import_does(tmp_path):
+    """`--partition-by rank --workers 2` (the task plan, in process): the file's blocks go
+    to the same process pool, and the spans are the plain import's (its cut-inside-a-string
+    case included)."""
+    from tests.importers.test_workers import _import, _spans, _trace
+
+    trace = tmp_path / "trace.json"
+    _trace(trace, True)
+    here = _import(trace, tmp_path / "here", 0)
+    r = subprocess.run(
+        [sys.executable, "-m", "chiptrace", "import", str(trace), "--out", str(tmp_path / "t")]
+        + ["--workers", "2", "--partition-by", "rank", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["workers"] == 2
+    assert _spans(tmp_path / "here") == _spans(tmp_path / "t") and here["spans"] > 0
