@@ -40,6 +40,8 @@ class Finding:
             orders findings of equal severity.
         saving_ns: what fixing it would save per step (ns), an estimate; 0 when unknown.
         step: the step name (the workload) the finding is about; None for whole-run findings.
+        parts: the chips or links one finding covers when they share one cause (a
+            saturated fabric's links); `culprit` is one of them. Empty for one culprit.
     """
 
     rule: str
@@ -50,10 +52,11 @@ class Finding:
     share: float = 0.0
     saving_ns: float = 0.0
     step: str | None = None
+    parts: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON form: rule, severity, culprit, evidence, suggestion, share, step,
-        saving_ms (per step) and saving_pct (of the step)."""
+        saving_ms (per step), saving_pct (of the step) and parts."""
         return {
             "rule": self.rule,
             "severity": self.severity,
@@ -64,6 +67,7 @@ class Finding:
             "step": self.step,
             "saving_ms": round(self.saving_ns / 1e6, 4),
             "saving_pct": round(self.share * 100, 2),
+            "parts": list(self.parts),
         }
 
     @property

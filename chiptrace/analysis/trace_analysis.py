@@ -20,6 +20,7 @@ from chiptrace.analysis import rules_run as rn
 from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.kernels import kernel_breakdown
 from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
+from chiptrace.analysis.ranking import replay_savings
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.stages import InProcess, Runner, rank_figures, sampled_steps
@@ -244,7 +245,8 @@ class TraceAnalysis:
         per_workload = [n for n in names if n not in RUN_RULES]
         out: list[Finding] = []
         for x in self.inputs:
-            out += run_rules(x, per_workload)
+            # Each finding priced by replaying the steps with its culprit fixed (ranking.py).
+            out += replay_savings(x, run_rules(x, per_workload))
         first = self.inputs[0]
         first.endpoints = self.endpoints
         for n in names:

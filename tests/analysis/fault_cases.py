@@ -1,108 +1,165 @@
-"""The fault matrix: each fault kind on each workload of the emulated rack, and what the
-report must name. Shared by tests/analysis/test_fault_matrix.py and
-benchmarks/bench_culprits.py (which prints the recall / false-alarm table over more seeds).
+"""A random fault matrix on the emulated rack, and its oracle: the same run without the fault.
 
-Workloads are kept small so a case costs well under a second: training as the emulator
-ships it (4 steps), inference on the 8 GPUs with a 1.6B model at a rate they sustain (80
-batches: a straggler shows against ~60 requests per GPU), mixed as shipped (4 steps).
-Inference moves a few KB of tokens per batch, so only a link cut to 0.1% of its bandwidth
-changes anything there; that is the degrade value it gets.
+Shared by benchmarks/bench_culprits.py (many cases, seeded from the clock) and
+tests/analysis/test_fault_matrix.py (a small fixed slice). A case is a topology (rack6,
+pcie8, nvl72), a workload (training and mixed for 2 steps; inference steady and
+overloaded), a fault with a random target (never a fixed first chip or link) and value, and
+an emulator seed. "The step" is the training step's median (mixed too) and, for inference,
+the mean request latency; the oracle is the faulty run's step less the fault-free run's.
 """
 
 from __future__ import annotations
 
+import random
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-STEPS = {"train": 4, "mixed": 4, "infer": 80}
-OPTIONS: dict[str, dict[str, Any]] = {
-    "train": {},
-    "mixed": {},
-    # Ops at their roofline: at the presets' kernel efficiencies decode takes ~2x as long and
-    # 1,000 requests/s saturates the 8 GPUs (queues grow, a healthy run has outliers).
-    "infer": {"devices": "gpu", "rate": 1000, "layers": 8, "efficiency": "ideal"},
+TOPOLOGIES = ("rack6", "pcie8", "nvl72")
+WORKLOADS = ("train", "mixed", "infer-steady", "infer-overloaded")
+KINDS = ("slow-device", "slow-host", "degrade", "down", "straggler", "healthy")
+TRAIN_STEPS = 2
+BATCHES = 80
+# Requests per second the inference devices sustain (steady) and twice what they can serve
+# (overloaded: the queue grows over the run), at 8 layers and ops at their roofline.
+RATES = {
+    "rack6": (400, 4000),
+    "pcie8": (100, 1500),
+    "nvl72": (2000, 40000),
 }
-# fault kind -> (fault spec, the target the top finding must name), per topology and workload
-FAULTS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
-    ("rack6", "train"): {
-        "slow": ("slow:gpu:3:2", "gpu:3"),
-        # 4 ms: 2.9% of a 138 ms step (the straggler rule wants >= 2%; 2 ms was 2.5% of the
-        # 79 ms step of ops at their roofline, 1.4% with kernel efficiencies)
-        "straggler": ("straggler:gpu:3:4", "gpu:3"),
-        "degrade": ("degrade:nvlink6:gpu:4-switch:0:0.1", "nvlink6:gpu:4-switch:0"),
-        "down": ("down:nvlink6:gpu:4-switch:0", "nvlink6:gpu:4-switch:0"),
-    },
-    ("rack6", "infer"): {
-        "slow": ("slow:gpu:3:2", "gpu:3"),
-        "straggler": ("straggler:gpu:3:2", "gpu:3"),
-        "degrade": ("degrade:c2c:gpu:3-cpu:0:0.001", "c2c:gpu:3-cpu:0"),
-        "down": ("down:pcie5:nic:0-cpu:0", "pcie5:nic:0-cpu:0"),
-    },
-    ("pcie8", "train"): {
-        "slow": ("slow:gpu:3:2", "gpu:3"),
-        "straggler": ("straggler:gpu:3:20", "gpu:3"),
-        "degrade": ("degrade:pcie4:gpu:3-switch:0:0.1", "pcie4:gpu:3-switch:0"),
-        "down": ("down:pcie4:gpu:3-switch:0", ""),  # a GPU's only link: a clear error
-    },
-    ("pcie8", "infer"): {
-        "slow": ("slow:gpu:3:2", "gpu:3"),
-        "down": ("down:pcie4:gpu:3-switch:0", ""),
-    },
-}
-FAULTS[("rack6", "mixed")] = FAULTS[("rack6", "train")]
-# pcie8's PCIe root link is saturated in every run (its real bottleneck): a straggler there
-# must be the top finding the healthy run does not have.
-NEW_ONLY = {("pcie8", "train", "straggler")}
+MOVES = 0.02  # a fault that moves the step by less than this is not graded for culprits
 
 
 @dataclass(frozen=True)
 class Case:
-    """One emulated run and what its report must say."""
+    """One emulated run, its fault, and the target the report must name."""
 
     topology: str
     workload: str
-    kind: str  # a fault kind, or "healthy"
+    kind: str
     seed: int
     fault: str | None = None
     target: str = ""
-    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
         return f"{self.topology}-{self.workload}-{self.kind}-s{self.seed}"
 
     @property
-    def expects_error(self) -> bool:
-        return self.fault is not None and not self.target
+    def serving(self) -> bool:
+        return self.workload.startswith("infer")
+
+    def emulate_args(self) -> dict[str, Any]:
+        wl = "infer" if self.serving else self.workload
+        opts: dict[str, Any] = {}
+        if self.serving:
+            rate = RATES[self.topology][self.workload == "infer-overloaded"]
+            opts = {"rate": rate, "layers": 8, "efficiency": "ideal"}
+        steps = BATCHES if self.serving else TRAIN_STEPS
+        return {"topology": self.topology, "workload": wl, "steps": steps, "options": opts}
 
 
-def cases(seeds: tuple[int, ...] = (1, 2, 3), pcie8_seeds: tuple[int, ...] = (1,)) -> list[Case]:
-    """Every fault case and a healthy run per workload, on rack6 and pcie8."""
-    out = []
-    for (topo, wl), faults in FAULTS.items():
-        for s in seeds if topo == "rack6" else pcie8_seeds:
-            out += [
-                Case(topo, wl, kind, s, spec, target, OPTIONS[wl])
-                for kind, (spec, target) in faults.items()
-            ]
-            if topo == "rack6":
-                out.append(Case(topo, wl, "healthy", s, options=OPTIONS[wl]))
-    return out
+def _devices(topo: Any, workload: str) -> list[str]:
+    types = ("gpu", "npu") if workload != "train" else ("gpu",)
+    return [c for c in topo.chips if topo.chips[c].type in types]
+
+
+def draw(rng: random.Random, topology: str, workload: str, kind: str, links: list[str]) -> Case:
+    """A case with a random target and value (`links`: the links the fault-free run uses)."""
+    from chiptrace.emulator.topology import load_topology
+
+    topo = load_topology(topology)
+    seed = rng.randrange(1, 10_000)
+    if kind == "healthy":
+        return Case(topology, workload, kind, seed)
+    if kind == "slow-device":
+        target = rng.choice(_devices(topo, workload))
+        return Case(
+            topology, workload, kind, seed, f"slow:{target}:{rng.uniform(1.5, 4):.2f}", target
+        )
+    if kind == "slow-host":
+        hosts = [c for c in topo.chips if topo.chips[c].type in ("cpu", "dpu")]
+        target = rng.choice(hosts)
+        return Case(
+            topology, workload, kind, seed, f"slow:{target}:{rng.uniform(1.5, 4):.2f}", target
+        )
+    if kind == "straggler":
+        target = rng.choice(_devices(topo, workload))
+        ms = rng.uniform(1, 10) if workload.startswith("infer") else rng.uniform(2, 30)
+        return Case(topology, workload, kind, seed, f"straggler:{target}:{ms:.2f}", target)
+    target = rng.choice(links or [lk.id for lk in topo.links])
+    if kind == "degrade":
+        return Case(
+            topology, workload, kind, seed, f"degrade:{target}:{rng.uniform(0.05, 0.3):.3f}", target
+        )
+    return Case(topology, workload, kind, seed, f"down:{target}", target)
 
 
 def emulate_case(case: Case, out: Path, fault: bool = True) -> Path:
-    """Run the case (or, fault=False, the same run without its fault) into `out`."""
+    """Run the case (or, fault=False, the same seed without its fault) into `out`."""
     from chiptrace.emulator import emulate
 
     emulate(
-        topology=case.topology,
-        workload=case.workload,
-        steps=STEPS[case.workload],
+        **case.emulate_args(),
         seed=case.seed,
         out=out,
         faults=[case.fault] if fault and case.fault else [],
-        options=case.options,
         progress=False,
     )
     return out
+
+
+def the_step(ta: Any, serving: bool) -> float:
+    """The step (ns): the training step's median, or the mean request latency."""
+    for w in ta.tables.workloads:
+        if serving != (w.name == "request"):
+            continue
+        starts = w.steps.column("start_ns").to_pylist()
+        ends = w.steps.column("end_ns").to_pylist()
+        durs = [e - s for s, e in zip(starts, ends, strict=True)]
+        if durs:
+            return float(statistics.fmean(durs) if serving else statistics.median(durs))
+    return 0.0
+
+
+def used_links(ta: Any) -> list[str]:
+    """Links that carried bytes in a run."""
+    rows = ta.tables.links.to_pylist()
+    return sorted({r["link_id"] for r in rows if (r["bytes"] or 0) > 0})
+
+
+def rank_of(findings: list[Any], target: str) -> tuple[int | None, Any]:
+    """1-based rank of the first finding naming `target` (culprit or one of its parts)."""
+    for k, f in enumerate(findings, 1):
+        if f.culprit == target or target in f.parts:
+            return k, f
+    return None, None
+
+
+@dataclass
+class Outcome:
+    """What one case gave: the measured and claimed figures."""
+
+    case: Case
+    error: str | None = None
+    healthy_step: float = 0.0
+    step: float = 0.0
+    rank: int | None = None
+    claimed: float | None = None
+    findings: list[Any] = field(default_factory=list)
+    peer: str = ""
+
+    @property
+    def moved(self) -> float:
+        return (self.step - self.healthy_step) / self.healthy_step if self.healthy_step else 0.0
+
+    @property
+    def actual(self) -> float:
+        return self.step - self.healthy_step
+
+    @property
+    def saving_ok(self) -> bool:
+        return self.claimed is not None and abs(self.claimed - self.actual) <= 0.25 * abs(
+            self.actual
+        )

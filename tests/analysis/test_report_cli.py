@@ -20,6 +20,7 @@ FINDING_KEYS = {
     "step",
     "saving_ms",
     "saving_pct",
+    "parts",
 }
 
 

@@ -1,0 +1,215 @@
+"""Every finding's saving replayed: fix its culprit in each step's graph (whatif.py) and
+take what the step gains; rank by it; fold findings with one cause into one with `parts`.
+
+The fix per culprit, what a user would do about it:
+
+- a chip: its work at the median speed of its peers (same type, time per unit of work, so
+  a chip dealt bigger batches is not slow), its late starts against them removed; if that
+  saves nothing (it is as fast as they are, or has none), the chip twice as fast, else
+  every chip of its type (they share the work: Adam on both CPUs);
+- a link: at its nominal bandwidth (a degraded link); if that saves nothing the link is
+  inherently the limit, and the fix is the link twice as fast;
+- a downed link: the transfers it pushed elsewhere at their typical time again.
+
+Findings whose culprit is not a chip or link (an op, a chip type, an opportunity) keep the
+rule's own estimate. One whose replay saves under 1% of the step is `info`. Findings of one
+rule and step on chips or links of one type that save nothing alone are fixed together:
+when that saves the step time, they are one finding whose `parts` lists them (one
+saturated PCIe fabric, not twenty saturated links).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from chiptrace.analysis.model import Finding, severity_for
+from chiptrace.analysis.rule_input import RuleInput
+from chiptrace.analysis.serving import evaluate
+from chiptrace.analysis.whatif import MAX_GRAPH_SPANS, Change
+
+INFO_BELOW = 0.01  # a fix that saves less than this share of the step is info
+REPLAY_STEPS = 16  # steps replayed per workload to price its findings
+
+
+def _speeds(x: RuleInput) -> dict[str, float]:
+    """Per chip: how many times slower than the median chip of its type it does the same
+    work (per flop, else per byte, else per op), weighted by its time in each op."""
+    t = x.tables
+    rows = x.con.sql(
+        "SELECT CAST(chip_id AS VARCHAR) c, CAST(chip_type AS VARCHAR) ty, "
+        "CAST(name AS VARCHAR) n, sum(end_ns - start_ns)::DOUBLE d, "
+        "sum(coalesce(nullif(op_flops, 0), nullif(op_bytes, 0), 1))::DOUBLE w "
+        f"FROM spans_raw WHERE chip_id IS NOT NULL AND link_id IS NULL "
+        f"AND start_ns >= {int(t.lo)} AND start_ns < {int(t.hi)} GROUP BY ALL"
+    ).fetchall()
+    per: dict[tuple[str, str], dict[str, tuple[float, float]]] = defaultdict(dict)
+    for chip, ctype, name, d, w in rows:
+        if d > 0 and w > 0:
+            per[(ctype, name)][chip] = (d / w, d)
+    ratios: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for (_, _), by_chip in per.items():
+        if len(by_chip) < 2:
+            continue
+        med = statistics.median(v for v, _ in by_chip.values())
+        for chip, (v, d) in by_chip.items():
+            ratios[chip].append((v / med, d))
+    out = {}
+    for chip, rs in ratios.items():
+        rs.sort()
+        total = sum(w for _, w in rs)
+        acc = 0.0
+        for r, w in rs:  # the time-weighted median ratio
+            acc += w
+            if acc >= total / 2:
+                out[chip] = r
+                break
+    return out
+
+
+def _kind(x: RuleInput, culprit: str) -> str | None:
+    t = x.tables
+    if culprit in t.topology.chips or culprit in set(t.chips.column("chip_id").to_pylist()):
+        return "chip"
+    if t.topology.link(culprit) is not None:
+        return "link"
+    return None
+
+
+def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Change]:
+    """The candidate fixes of a finding's culprit, best first (empty: not replayable)."""
+    kind = _kind(x, f.culprit)
+    if kind == "chip":
+        k = speeds.get(f.culprit, 1.0)
+        speed = {f.culprit: k} if k > 1.02 else {}
+        return {
+            "peers": Change(speed=speed, undelay=frozenset({f.culprit})),
+            "chip 2x": Change(speed={f.culprit: 2.0}),
+            "type 2x": Change(speed={_type_of(x, f.culprit): 2.0}),
+        }
+    if kind != "link":
+        return {}
+    spec = x.tables.topology.link(f.culprit)
+    nominal = spec.bandwidth if spec else 0.0
+    if f.rule == "link-down":
+        went = [str(v) for v in f.evidence.get("traffic_went_over") or []]
+        return {"typical": Change(typical=frozenset([f.culprit, *went]))}
+    if not nominal:
+        return {}
+    return {
+        "nominal": Change(bandwidth={f.culprit: nominal}),
+        "2x": Change(bandwidth={f.culprit: 2 * nominal}),
+    }
+
+
+def _joint(x: RuleInput, members: list[Finding], speeds: dict[str, float]) -> Change:
+    """The fix of every member at once (each member's last-resort fix)."""
+    speed: dict[str, float] = {}
+    bw: dict[str, float] = {}
+    undelay: set[str] = set()
+    typical: set[str] = set()
+    for f in members:
+        c = list(_fixes(x, f, speeds).values())[-1]
+        speed.update(c.speed)
+        bw.update(c.bandwidth)
+        undelay |= c.undelay
+        typical |= c.typical
+    return Change(speed, bw, frozenset(undelay), frozenset(typical))
+
+
+def _priced(x: RuleInput, f: Finding, saving: float, how: str, **extra: Any) -> Finding:
+    share = min(max(saving, 0.0) / x.step_ns, 1.0) if x.step_ns > 0 else 0.0
+    sev = "info" if share < INFO_BELOW else severity_for(share)
+    ev = {**f.evidence, "what_if": how, **extra}
+    return dataclasses.replace(
+        f, severity=sev, share=share, saving_ns=max(saving, 0.0), evidence=ev
+    )
+
+
+_HOW = {
+    "peers": "its work at its peers' median speed, late starts removed",
+    "nominal": "the link at its nominal bandwidth",
+    "2x": "the link at twice its nominal bandwidth",
+    "chip 2x": "the chip twice as fast (it is as fast as its peers)",
+    "type 2x": "every chip of its type twice as fast (they share the work)",
+    "typical": "the transfers it pushed elsewhere at their typical time",
+    "joint": "every part fixed together",
+}
+
+
+def replay_savings(x: RuleInput, found: list[Finding]) -> list[Finding]:
+    """`found` (one workload's findings) with replayed savings, folded, most severe first."""
+    if x.con is None or not x.tables.steps.num_rows:
+        return found
+    speeds = _speeds(x)
+    fixes = {i: _fixes(x, f, speeds) for i, f in enumerate(found) if f.step == x.workload}
+    changes = {f"{i}:{k}": c for i, fx in fixes.items() for k, c in fx.items()}
+    if not changes:
+        return found
+    res = _evaluate(x, changes)
+    if not res:
+        return found
+    out: list[Finding] = []
+    for i, f in enumerate(found):
+        if not fixes.get(i):
+            out.append(f)
+            continue
+        best = next(
+            (k for k in fixes[i] if res[f"{i}:{k}"]["saving_ns"] >= INFO_BELOW * x.step_ns),
+            list(fixes[i])[-1],
+        )
+        out.append(_priced(x, f, res[f"{i}:{best}"]["saving_ns"], _HOW[best]))
+    return _fold(x, out, speeds)
+
+
+def _evaluate(x: RuleInput, changes: dict[str, Change]) -> dict[str, dict[str, float]]:
+    steps = x.tables.steps
+    if steps.num_rows > REPLAY_STEPS:
+        from chiptrace.analysis.whatif import spread
+
+        steps = steps.take(spread(steps.num_rows, REPLAY_STEPS))
+    return evaluate(x.con, steps, x.tables.topology, changes)
+
+
+def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[Finding]:
+    """One finding per (rule, step, culprit) (a link's two directions are one), then the
+    findings of one rule and step on chips or links of one type priced together: when no
+    one of them saves half of what fixing them all does, they are one cause, one finding
+    with `parts`."""
+    best: dict[tuple[str, str | None, str], Finding] = {}
+    for f in found:
+        k = (f.rule, f.step, f.culprit)
+        if k not in best or f.saving_ns > best[k].saving_ns:
+            best[k] = f
+    found = [f for f in found if best[(f.rule, f.step, f.culprit)] is f]
+    groups: dict[tuple[str, str, str], list[Finding]] = defaultdict(list)
+    for f in found:
+        kind = _kind(x, f.culprit)
+        if kind and f.evidence.get("what_if"):
+            groups[(f.rule, kind, _type_of(x, f.culprit))].append(f)
+    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    res = _evaluate(x, {"|".join(k): _joint(x, v, speeds) for k, v in groups.items()})
+    out, folded = list(found), set()
+    for k, members in groups.items():
+        joint = res["|".join(k)]["saving_ns"] if res else 0.0
+        if max(f.saving_ns for f in members) >= 0.5 * joint or joint <= 0:
+            continue
+        folded |= {id(f) for f in members}
+        lead = max(members, key=lambda f: (f.saving_ns, f.evidence.get("busy_share") or 0.0))
+        parts = tuple(sorted(f.culprit for f in members))
+        f = _priced(x, lead, joint, _HOW["joint"], parts=len(parts))
+        out.append(dataclasses.replace(f, parts=parts))
+    return [f for f in out if id(f) not in folded]
+
+
+def _type_of(x: RuleInput, culprit: str) -> str:
+    spec = x.tables.topology.link(culprit)
+    if spec is not None:
+        return spec.type
+    chip = x.tables.topology.chips.get(culprit)
+    return chip.type if chip else culprit.split(":", 1)[0]
+
+
+__all__ = ["INFO_BELOW", "MAX_GRAPH_SPANS", "replay_savings"]
