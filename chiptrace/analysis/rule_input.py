@@ -43,6 +43,9 @@ class RuleInput:
     con: Any = None
     endpoints: list[dict[str, Any]] | None = None
     memo: dict[str, Any] = field(default_factory=dict)  # figures several rules share
+    # Where per-step work such as the what-if replays runs (analysis/stages.Stages: here, or
+    # as Dask tasks); None: here, on `con`.
+    stages: Any = None
 
     @property
     def step_ns(self) -> float:

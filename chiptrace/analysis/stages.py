@@ -6,6 +6,8 @@ files (on a Dask worker, which opens its own DuckDB over them for the task). `Tr
 order; chiptrace.cluster's runs them as Dask tasks. The client merges the results the same
 way either runner returns them, so a report on a cluster is the single-process report.
 
+- per step, replays (`replay_stage`): a few steps' dependency graphs replayed under each
+  finding's fix (analysis/whatif.py), the batches the in-process replay loads;
 - per step (`step_stage`): one sampled step's span-level analysis (its critical path),
   given its spans: the client loads the sampled steps with one query, as the rules need
   them there anyway (one query, not one a step: a span that starts before its own step
@@ -21,7 +23,7 @@ way either runner returns them, so a report on a cluster is the single-process r
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +105,50 @@ def sampled_steps(
     them, as the rules read them), and their critical paths, a stage each."""
     loaded = load_steps(con, steps, rows)
     return loaded, runner.map("step", step_stage, [(s,) for s in loaded])
+
+
+REPLAY_BATCH = 4  # steps a replay stage loads with one query (stepgraph.iter_graphs' batch)
+
+
+def replay_stage(
+    src: Source, steps: pa.Table, rows: Sequence[int], changes: Mapping[str, Any], topo: Any
+) -> dict[str, list[float]]:
+    """A few steps' graphs, replayed under every change (whatif.replay_all): measured
+    and replayed step times, in `rows` order."""
+    from chiptrace.analysis.stepgraph import iter_graphs
+    from chiptrace.analysis.whatif import replay_all
+
+    with connection(src) as con:
+        out: dict[str, list[float]] = replay_all(
+            iter_graphs(con, steps, rows, REPLAY_BATCH), changes, topo
+        )
+        return out
+
+
+class Stages:
+    """A runner and what its stages read: `con` in process, the store's paths remote."""
+
+    def __init__(self, runner: Runner, con: Any, sources: Sequence[str]) -> None:
+        self.runner = runner
+        self.src: Source = (
+            tuple(os.fspath(Path(p).resolve()) for p in sources) if runner.remote else con
+        )
+
+    def replays(
+        self, steps: pa.Table, rows: Sequence[int], changes: Mapping[str, Any], topo: Any
+    ) -> dict[str, list[float]]:
+        """whatif.replay_all over the steps `rows`, REPLAY_BATCH steps a stage (the batches
+        iter_graphs loads in process, so the spans each step is built from are the same)."""
+        rows = list(rows)
+        calls = [
+            (self.src, steps, rows[k : k + REPLAY_BATCH], changes, topo)
+            for k in range(0, len(rows), REPLAY_BATCH)
+        ]
+        out: dict[str, list[float]] = {"measured": [], **{k: [] for k in changes}}
+        for part in self.runner.map("replay", replay_stage, calls):
+            for k, v in part.items():
+                out[k] += v
+        return out
 
 
 # ---------------------------------------------------------------- per rank

@@ -23,7 +23,7 @@ from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
 from chiptrace.analysis.ranking import replay_savings
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
-from chiptrace.analysis.stages import InProcess, Runner, rank_figures, sampled_steps
+from chiptrace.analysis.stages import InProcess, Runner, Stages, rank_figures, sampled_steps
 from chiptrace.analysis.steps import Step, load_steps, pick_steps
 from chiptrace.analysis.tables import TraceTables, load_tables
 
@@ -196,9 +196,15 @@ class TraceAnalysis:
                     frozenset(chips),
                     frozenset(links),
                     self.con,
+                    stages=self._stages,
                 )
             )
-        return out or [RuleInput(t.for_workload(None), con=self.con)]
+        return out or [RuleInput(t.for_workload(None), con=self.con, stages=self._stages)]
+
+    @cached_property
+    def _stages(self) -> Stages:
+        """The per-step stages' runner and what they read (this connection, or paths)."""
+        return Stages(self.runner, self.con, self.sources)
 
     @cached_property
     def endpoints(self) -> list[dict[str, Any]]:

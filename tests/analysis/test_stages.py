@@ -56,6 +56,7 @@ def test_per_rank_stages_over_a_partitioned_store_give_the_same_report(ranks4):
     runner = PathsRunner()
     assert _report(hive, runner) == _report(hive)
     assert runner.calls["rank"] == 4 and runner.calls["step"] >= 2
+    assert runner.calls["replay"] >= 1  # the what-if replays of the findings
 
 
 def test_a_store_not_partitioned_runs_one_rank_stage(ranks4):
