@@ -18,6 +18,7 @@ from chiptrace.analysis import rules_links as rl
 from chiptrace.analysis import rules_roofline as rr
 from chiptrace.analysis import rules_run as rn
 from chiptrace.analysis.critical_path import critical_path
+from chiptrace.analysis.errors import AnalysisError
 from chiptrace.analysis.kernels import kernel_breakdown
 from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
 from chiptrace.analysis.ranking import replay_savings
@@ -143,6 +144,10 @@ class TraceAnalysis:
         self.step_name, self.sample_steps, self.windows = step_name, sample_steps, windows
         self.max_step_spans = max_step_spans
         self.runner: Runner = runner if runner is not None else InProcess()
+        if self.runner.remote and not self.sources:
+            raise AnalysisError(
+                "stages on a cluster read the store: give its paths, not a connection"
+            )
 
     @cached_property
     def tables(self) -> TraceTables:

@@ -65,3 +65,12 @@ def test_a_store_not_partitioned_runs_one_rank_stage(ranks4):
     runner = PathsRunner()
     assert _report(flat, runner) == _report(flat)
     assert runner.calls["ranks"] == 1
+
+
+def test_a_remote_runner_needs_the_stores_paths(ranks4):
+    import chiptrace
+    from chiptrace.analysis.errors import AnalysisError
+
+    flat, _ = ranks4
+    with pytest.raises(AnalysisError, match="paths"):
+        TraceAnalysis(chiptrace.connect(flat), runner=PathsRunner())
