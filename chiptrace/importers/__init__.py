@@ -139,7 +139,9 @@ def import_trace(
     if within is not None and (executor is not None or partition_by is not None):
         raise TraceFormatError("an import into a recorded run runs in one process")
     files = expand_inputs(paths)
-    formats = [detect(f) if format == "auto" else format for f in files]
+    tasks = executor is not None or partition_by is not None
+    # A task import detects in its read tasks: 1,024 heads on shared storage, not here.
+    formats = [detect(f) if format == "auto" and not tasks else format for f in files]
     t0 = time.perf_counter()
     seed = secrets.token_bytes(16)
     # Arrow's default allocator (mimalloc) keeps what the blocks free: with the system one
@@ -147,7 +149,7 @@ def import_trace(
     pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
     try:
-        if executor is None and partition_by is None:
+        if not tasks:
             summary = run_import(files, formats, Path(out), align, seed, progress, workers, within)
         else:
             from chiptrace.importers.tasks import InProcess, run_tasks

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from chiptrace.importers import ImportSummary
 from chiptrace.importers.assemble import Assembler, Pending, align_offsets, qualifier
+from chiptrace.importers.detect import detect
 from chiptrace.importers.plan import Block, FileFacts
 from chiptrace.importers.pool import Pool, worker_count
 from chiptrace.importers.run import (
@@ -49,6 +50,7 @@ from chiptrace.importers.writer import Staging
 from chiptrace.store import PART_SUFFIX, SPANS_DIR
 
 _BLOCKS = "blocks.pickle"
+_DOCUMENTS = ("otlp-json", "jaeger-json")  # carry their ids: final as read, no pass 2
 
 
 @dataclass
@@ -89,7 +91,8 @@ def _parts_staging(tmp: Path, writer_id: str, partition: str | None) -> Staging:
 def read_file(
     path: str, fmt: str, no: int, staging: str, writer_id: str, blocks_on: Any = None
 ) -> ReadResult:
-    """Pass 1 of one file: its blocks spilled into `<staging>/read-NNNNN/`.
+    """Pass 1 of one file (`fmt` auto: detected here): its blocks spilled into
+    `<staging>/read-NNNNN/`.
 
     OTLP and Jaeger files carry their ids, so their parts are final as read: they go to
     `<staging>/write-NNNNN/` at once. `blocks_on`: for a big Kineto file, a context
@@ -97,6 +100,8 @@ def read_file(
     reads and cuts the file, the pool's tasks decode and map its blocks.
     """
     root = Path(staging)
+    if fmt == "auto":
+        fmt = detect(path)
     if fmt not in TRACE_EVENT_FORMATS:
         final = task_dir(root, "write", no)
         tmp = _fresh(final)
@@ -284,6 +289,8 @@ def run_tasks(
         summary = summarize(out, facts, pending, offsets, getattr(executor, "workers", 0))
         run.staging.writer.spans_written = summary.spans  # the tasks wrote them, not it
         run.staging.commit(
+            # the formats found (the read tasks detected those given as auto)
+            **import_manifest(files, [f.format for f in facts], align),
             spans_skipped=summary.skipped,
             run_id=seed[:8].hex(),
             import_summary={"files": summary.files, "offsets_ns": summary.offsets_ns},
@@ -315,7 +322,7 @@ class _TaskImport:
         self.executor = executor
         self.wid = self.staging.dir.name.removeprefix(".import-")
         self.root = str(self.staging.dir.resolve())
-        tasks = sum(2 if f in TRACE_EVENT_FORMATS else 1 for f in formats)
+        tasks = sum(1 if f in _DOCUMENTS else 2 for f in formats)
         self.state = Progress(0, len(files), 0, tasks, 0, 0.0)
         self.progress = progress
         self.futures: list[Any] = []
@@ -341,7 +348,7 @@ class _TaskImport:
                 no,
                 self.root,
                 self.wid,
-                self.executor.block_pool(os.path.getsize(p)) if fmt == "kineto" else None,
+                self.executor.block_pool(os.path.getsize(p)) if fmt in ("kineto", "auto") else None,
             )
             for no, (p, fmt) in enumerate(zip(self.files, self.formats, strict=True))
         ]
@@ -349,6 +356,8 @@ class _TaskImport:
         for fut in self.executor.as_completed(self.futures):
             r = fut.result()
             results[r.no] = r
+            if r.done and self.formats[r.no] not in _DOCUMENTS:
+                self.state.tasks -= 1  # detected as OTLP / Jaeger: no pass 2
             self._tick(int(r.done), r.facts.spans if r.done else 0)
         return results
 

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 from chiptrace.importers.detect import detect
 from chiptrace.importers.run import run_import
 from chiptrace.importers.tasks import InProcess, read_file, run_tasks, task_dir, write_file
-from chiptrace.store import part_files
-from tests.importers.conftest import KINETO
+from chiptrace.store import part_files, read_manifests
+from tests.importers.conftest import JAEGER, KINETO
 
 FILES = [KINETO / "2rank_sampled_rank-0.json.gz", KINETO / "2rank_sampled_rank-1.json.gz"]
 SEED = bytes(range(16))
@@ -35,8 +35,11 @@ def _table(out) -> pa.Table:
 def test_tasks_store_what_run_import_stores(tmp_path):
     formats = [detect(f) for f in FILES]
     run_import(FILES, formats, tmp_path / "a", "auto", SEED, None, 0)
-    s = run_tasks(FILES, formats, tmp_path / "b", "auto", SEED, InProcess())
+    # `auto`: the read tasks detect the formats (a cluster's client reads no file)
+    s = run_tasks(FILES, ["auto", "auto"], tmp_path / "b", "auto", SEED, InProcess())
     a, b = _table(tmp_path / "a"), _table(tmp_path / "b")
+    (manifest,) = read_manifests([tmp_path / "b"])
+    assert manifest["import"]["formats"] == ["kineto", "kineto"] == formats
     assert a.num_rows == b.num_rows == s.spans > 9000
     for name in a.column_names:
         assert a.column(name).equals(b.column(name)), name
@@ -87,3 +90,17 @@ def test_a_task_import_maps_blocks_in_the_process_pool_as_run_import_does(tmp_pa
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["workers"] == 2
     assert _spans(tmp_path / "here") == _spans(tmp_path / "t") and here["spans"] > 0
+
+
+def test_a_jaeger_file_beside_kineto_ones_is_one_task(tmp_path):
+    from chiptrace.importers import import_trace
+
+    jaeger = sorted(JAEGER.glob("*.json"))[0]
+    files = [jaeger, *FILES]
+    plain = import_trace(files, tmp_path / "a")
+    done: list = []
+    s = run_tasks(files, ["auto"] * 3, tmp_path / "b", "auto", SEED, InProcess(), done.append)
+    assert [f["format"] for f in s.files] == [f["format"] for f in plain.files]
+    assert s.files[0]["format"] == "jaeger-json" and s.spans == plain.spans
+    assert _table(tmp_path / "b").num_rows == plain.spans
+    assert (done[-1].tasks_done, done[-1].tasks, done[-1].files_done) == (5, 5, 3)
