@@ -17,7 +17,7 @@ from chiptrace.importers.writer import Staging
 TRACE_EVENT_FORMATS = ("kineto", "chrome")
 
 
-def reader_for(path: Path, fmt: str) -> Any:
+def _reader(path: Path, fmt: str) -> Any:
     if fmt == "kineto":
         from chiptrace.importers.kineto import KinetoReader
 
@@ -27,7 +27,7 @@ def reader_for(path: Path, fmt: str) -> Any:
     return ChromeReader(str(path))
 
 
-def documents(path: Path, fmt: str, staging: Staging) -> FileFacts:
+def _documents(path: Path, fmt: str, staging: Staging) -> FileFacts:
     """OTLP and Jaeger files carry their own ids: their batches are final as read."""
     if fmt == "otlp-json":
         from chiptrace.importers.otlp import read_otlp as read
@@ -74,9 +74,9 @@ def run_import(
         facts: list[FileFacts] = []
         for path, fmt, size in zip(files, formats, sizes, strict=True):
             if fmt not in TRACE_EVENT_FORMATS:
-                facts.append(documents(path, fmt, staging))
+                facts.append(_documents(path, fmt, staging))
             else:
-                reader = reader_for(path, fmt)
+                reader = _reader(path, fmt)
                 p = _read_events(
                     reader, len(pending), staging, pool, progress, done_bytes, total_bytes
                 )
@@ -89,7 +89,7 @@ def run_import(
             pool.close()  # the workers' memory goes before the second pass
         asm = Assembler(staging, seed, align, within)
         asm.finish(pending)
-        summary = summarize(out, facts, pending, asm.offsets, n_workers)
+        summary = _summary(out, facts, pending, asm.offsets, n_workers)
         staging.commit(
             spans_skipped=summary.skipped,
             run_id=within.run_id if within is not None and within.run_id else seed[:8].hex(),
@@ -124,7 +124,7 @@ def _read_events(
     return pending
 
 
-def summarize(
+def _summary(
     out: Path,
     facts: list[FileFacts],
     pending: list[Pending],
@@ -151,3 +151,9 @@ def _file_summary(f: FileFacts) -> dict[str, Any]:
         if f.tally.get(key):
             out[key] = f.tally[key]
     return out
+
+
+# The per-file steps the task plan (chiptrace.importers.tasks) runs as tasks.
+reader_for = _reader
+documents = _documents
+summarize = _summary
