@@ -62,11 +62,13 @@ class Cluster:
         self.client: Any = None
         if address != LOCAL:
             _check_address(distributed, address)
+        elif workers is not None and workers < 1:
+            raise ClusterError(f"--workers {workers}: a LocalCluster needs 1 or more")
         t0 = time.monotonic()
         try:
             if address == LOCAL:
                 self._local = distributed.LocalCluster(
-                    n_workers=workers or 2,
+                    n_workers=workers if workers is not None else 2,
                     threads_per_worker=1,
                     host="127.0.0.1",
                     dashboard_address="127.0.0.1:0",

@@ -185,11 +185,19 @@ def test_a_bad_file_fails_the_import_on_one_line_and_stores_nothing(cluster, ran
     assert not (out / "spans").exists() and not list(out.glob(".import-*"))
 
 
-@pytest.mark.parametrize("address", ["foo", "tcp://127.0.0.1"])
-def test_a_malformed_address_is_one_line(address, rank_files, tmp_path):
-    r = chiptrace_cmd("import", str(rank_files), "--out", str(tmp_path / "run"), "--dask", address)
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--dask", "foo"], "--dask 'foo'"),
+        (["--dask", "tcp://127.0.0.1"], "--dask 'tcp://127.0.0.1'"),
+        (["--dask", "local", "--workers", "0"], "--workers 0"),
+    ],
+)
+def test_a_malformed_address_is_one_line(args, says, rank_files, tmp_path):
+    r = chiptrace_cmd("import", str(rank_files), "--out", str(tmp_path / "run"), *args)
     assert r.returncode == 2
-    assert r.stderr.count("\n") == 1 and f"--dask {address!r}" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_big_file_is_cut_into_block_tasks(cluster, tmp_path):
