@@ -6,10 +6,14 @@ The fix per culprit, what a user would do about it:
 - a chip: its work at the median speed of its peers (same type, time per unit of work, so
   a chip dealt bigger batches is not slow), its late starts against them removed; if that
   saves nothing (it is as fast as they are, or has none), the chip twice as fast, else
-  every chip of its type (they share the work: Adam on both CPUs);
+  every chip of its type (they share the work: Adam on both CPUs), except for findings
+  that claim it is slower or busier than its peers (a straggler, an imbalance);
 - a link: at its nominal bandwidth (a degraded link); if that saves nothing the link is
   inherently the limit, and the fix is the link twice as fast;
-- a downed link: the transfers it pushed elsewhere at their typical time again.
+- a downed link: the transfers it pushed elsewhere at their typical time again;
+- an overloaded serving queue: every serving device twice as fast;
+- outlier requests of a served workload: none (they queued behind others); a training
+  loop's outlier steps keep the rule's estimate (their extra, per step).
 
 Findings whose culprit is not a chip or link (an op, a chip type, an opportunity) keep the
 rule's own estimate. One whose replay saves under 1% of the step is `info`. Findings of one
@@ -25,36 +29,46 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from chiptrace.analysis import sweep as sweeping
 from chiptrace.analysis.model import Finding, severity_for
 from chiptrace.analysis.rule_input import RuleInput
-from chiptrace.analysis.serving import evaluate
+from chiptrace.analysis.serving import back_ends, evaluate
 from chiptrace.analysis.whatif import MAX_GRAPH_SPANS, Change
 
 INFO_BELOW = 0.01  # a fix that saves less than this share of the step is info
-REPLAY_STEPS = 16  # steps replayed per workload to price its findings
+REPLAY_STEPS = 8  # steps replayed per workload to price its findings (spread: p50 holds)
+# Rules whose claim is that a chip is slower, later or busier than its peers: made like
+# them, a healthy chip (one dealt bigger batches) saves nothing, and the finding is info
+# (rebalancing work is a change the replay does not make).
+LIKE_PEERS = frozenset({"straggler", "rank-straggler", "step-outliers", "load-imbalance"})
 
 
 def _speeds(x: RuleInput) -> dict[str, float]:
     """Per chip: how many times slower than the median chip of its type it does the same
-    work (per flop, else per byte, else per op), weighted by its time in each op."""
+    work, weighted by its time in each op. Work is the op's roofline time on that chip
+    (flops over its peak at the op's precision, or bytes over its memory bandwidth,
+    whichever is longer): decode is memory-bound, prefill compute-bound, and a chip
+    dealt bigger batches is not slower for it."""
     t = x.tables
     rows = x.con.sql(
         "SELECT CAST(chip_id AS VARCHAR) c, CAST(chip_type AS VARCHAR) ty, "
-        "CAST(name AS VARCHAR) n, sum(end_ns - start_ns)::DOUBLE d, "
-        "sum(coalesce(nullif(op_flops, 0), nullif(op_bytes, 0), 1))::DOUBLE w "
+        "CAST(name AS VARCHAR) n, CAST(op_precision AS VARCHAR) p, "
+        "sum(end_ns - start_ns)::DOUBLE d, sum(coalesce(op_flops, 0))::DOUBLE f, "
+        "sum(coalesce(op_bytes, 0))::DOUBLE b, count(*)::DOUBLE k "
         f"FROM spans_raw WHERE chip_id IS NOT NULL AND link_id IS NULL "
         f"AND start_ns >= {int(t.lo)} AND start_ns < {int(t.hi)} GROUP BY ALL"
     ).fetchall()
     per: dict[tuple[str, str], dict[str, tuple[float, float]]] = defaultdict(dict)
-    for chip, ctype, name, d, w in rows:
+    for chip, ctype, name, prec, d, flops, nbytes, count in rows:
+        w = _work(t.topology, chip, prec, flops, nbytes) or flops or nbytes or count
         if d > 0 and w > 0:
             per[(ctype, name)][chip] = (d / w, d)
     ratios: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for (_, _), by_chip in per.items():
         if len(by_chip) < 2:
             continue
-        med = statistics.median(v for v, _ in by_chip.values())
-        for chip, (v, d) in by_chip.items():
+        for chip, (v, d) in by_chip.items():  # against the others: two DPUs have one peer
+            med = statistics.median(o for c, (o, _) in by_chip.items() if c != chip)
             ratios[chip].append((v / med, d))
     out = {}
     for chip, rs in ratios.items():
@@ -69,6 +83,14 @@ def _speeds(x: RuleInput) -> dict[str, float]:
     return out
 
 
+def _work(topo: Any, chip: str, prec: str | None, flops: float, nbytes: float) -> float:
+    """Roofline seconds of `flops` and `nbytes` on `chip`; 0 where the topology lacks it."""
+    peak = topo.peak(chip, prec) if flops else None
+    spec = topo.chips.get(chip)
+    bw = spec.memory_bandwidth if spec else 0.0
+    return max(flops / peak if peak else 0.0, nbytes / bw if bw else 0.0)
+
+
 def _kind(x: RuleInput, culprit: str) -> str | None:
     t = x.tables
     if culprit in t.topology.chips or culprit in set(t.chips.column("chip_id").to_pylist()):
@@ -78,14 +100,37 @@ def _kind(x: RuleInput, culprit: str) -> str | None:
     return None
 
 
+# Rules that name a chip whose fix lies elsewhere: a GPU idle for its host's launches
+# (the host is what to speed up), a rank late at the collectives of an imported trace
+# (its delay is before the step's first span). They keep their own estimate.
+OWN_ESTIMATE = frozenset({"launch-bound", "rank-straggler"})
+
+
 def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Change]:
     """The candidate fixes of a finding's culprit, best first (empty: not replayable)."""
+    if f.rule in OWN_ESTIMATE:
+        return {}
+    if f.rule == "queue-overload":
+        parts = f.parts or (f.culprit,)
+        slow = {p: speeds[p] for p in parts if speeds.get(p, 1.0) > 1.05}
+        capacity = {"capacity": Change(speed=dict.fromkeys(parts, 2.0))}
+        if not slow:
+            return capacity
+        # A device slower than its peers overloads its own queue: like them first.
+        return {"peers": Change(speed=slow, undelay=frozenset(parts)), **capacity}
     kind = _kind(x, f.culprit)
+    if f.rule == "step-outliers" and kind is None and back_ends(x.tables.steps):
+        # A served request is an outlier for the time it queued behind others: no change
+        # removes that alone (a queue that grows is its own finding, queue-overload).
+        return {"extra": Change()}
     if kind == "chip":
         k = speeds.get(f.culprit, 1.0)
         speed = {f.culprit: k} if k > 1.02 else {}
+        peers = {"peers": Change(speed=speed, undelay=frozenset({f.culprit}))}
+        if f.rule in LIKE_PEERS:  # the claim is "slower than its peers": nothing else
+            return peers
         return {
-            "peers": Change(speed=speed, undelay=frozenset({f.culprit})),
+            **peers,
             "chip 2x": Change(speed={f.culprit: 2.0}),
             "type 2x": Change(speed={_type_of(x, f.culprit): 2.0}),
         }
@@ -93,7 +138,7 @@ def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Chan
         return {}
     spec = x.tables.topology.link(f.culprit)
     nominal = spec.bandwidth if spec else 0.0
-    if f.rule == "link-down":
+    if f.rule in ("link-down", "link-avoided"):
         went = [str(v) for v in f.evidence.get("traffic_went_over") or []]
         return {"typical": Change(typical=frozenset([f.culprit, *went]))}
     if not nominal:
@@ -136,25 +181,64 @@ _HOW = {
     "type 2x": "every chip of its type twice as fast (they share the work)",
     "typical": "the transfers it pushed elsewhere at their typical time",
     "joint": "every part fixed together",
+    "capacity": "every serving device twice as fast",
+    "extra": "nothing: served requests are outliers for the time they queued",
 }
 
 
-def replay_savings(x: RuleInput, found: list[Finding]) -> list[Finding]:
-    """`found` (one workload's findings) with replayed savings, folded, most severe first."""
+def _link_state(x: RuleInput) -> dict[str, float]:
+    """Links the run's writers record as degraded (the emulator's `faults`; a fabric
+    manager would say the same): id -> fraction of its bandwidth."""
+    out = {}
+    for m in x.tables.manifests:
+        for f in m.get("faults") or []:
+            if isinstance(f, dict) and f.get("kind") == "degrade" and f.get("value"):
+                out[str(f.get("target"))] = float(f["value"])
+    return out
+
+
+def _not_down(x: RuleInput, found: list[Finding]) -> list[Finding]:
+    """A link that carried nothing but is recorded up at reduced bandwidth is not down:
+    routing went around it. Same culprit, said as it is."""
+    state = _link_state(x)
+    out = []
+    for f in found:
+        frac = state.get(f.culprit) if f.rule == "link-down" else None
+        if frac is None:
+            out.append(f)
+            continue
+        ev = {**f.evidence, "recorded_bandwidth_fraction": frac}
+        text = (
+            f"{f.culprit} carried nothing: it is up at {frac:.0%} of its bandwidth and routing "
+            "goes around it; fix the link (cable, lanes, link training) to get its paths back"
+        )
+        out.append(dataclasses.replace(f, rule="link-avoided", evidence=ev, suggestion=text))
+    return out
+
+
+def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> list[Finding]:
+    """`found` (one workload's findings) with replayed savings, folded, most severe first;
+    with `sweep`, chips no rule named that the replay says would save the step, too."""
+    found = _not_down(x, found)
     if x.con is None or not x.tables.steps.num_rows:
         return found
     speeds = _speeds(x)
     fixes = {i: _fixes(x, f, speeds) for i, f in enumerate(found) if f.step == x.workload}
     changes = {f"{i}:{k}": c for i, fx in fixes.items() for k, c in fx.items()}
+    if sweep:
+        changes.update(sweeping.candidates(x, found, speeds))
     if not changes:
         return found
     res = _evaluate(x, changes)
     if not res:
         return found
-    out: list[Finding] = []
+    out: list[Finding] = sweeping.findings(x, res, speeds)
     for i, f in enumerate(found):
         if not fixes.get(i):
-            out.append(f)
+            # Not replayable (an op, a chip type, an opportunity): its own estimate, and
+            # under 1% of the step it is info like any other.
+            small = f.step == x.workload and f.share < INFO_BELOW and f.severity != "info"
+            out.append(dataclasses.replace(f, severity="info") if small else f)
             continue
         best = next(
             (k for k in fixes[i] if res[f"{i}:{k}"]["saving_ns"] >= INFO_BELOW * x.step_ns),
@@ -166,7 +250,8 @@ def replay_savings(x: RuleInput, found: list[Finding]) -> list[Finding]:
 
 def _evaluate(x: RuleInput, changes: dict[str, Change]) -> dict[str, dict[str, float]]:
     steps = x.tables.steps
-    if steps.num_rows > REPLAY_STEPS:
+    # Served requests all share one replay of the batches: price the mean over all of them.
+    if steps.num_rows > REPLAY_STEPS and not back_ends(steps):
         from chiptrace.analysis.whatif import spread
 
         steps = steps.take(spread(steps.num_rows, REPLAY_STEPS))

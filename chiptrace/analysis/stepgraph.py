@@ -82,6 +82,8 @@ class StepGraph:
         anchored: per node, True where nothing in the trace gated its start.
         floor: nodes that may not start before a time, whatever the change (a batch's
             first work waits for its last request to arrive).
+        external: per node, the span ids it links to in other steps (input prefetched
+            during the step before): the replay of consecutive steps carries them over.
     """
 
     trace_id: str
@@ -93,6 +95,7 @@ class StepGraph:
     after: list[list[int]] = field(default_factory=list)
     anchored: list[bool] = field(default_factory=list)
     floor: dict[int, int] = field(default_factory=dict)  # never starts before (ns)
+    external: dict[int, list[str]] = field(default_factory=dict)  # links to other steps
 
     @property
     def duration_ns(self) -> int:
@@ -254,7 +257,9 @@ class _Edges:
         for i in range(len(nodes)):
             self._derive(i)
 
-    def _add(self, i: int, j: int | None) -> None:
+    def _add(self, i: int, j: int | None, order: bool = True) -> None:
+        """j gated i if it ended within the slack before; else, with `order`, i only
+        follows it (a chip's earlier work: it matters when a change slows that work)."""
         if j is None or j == i:
             return
         s, p = self.b.nodes[i], self.b.nodes[j]
@@ -263,15 +268,15 @@ class _Edges:
         gap = s.start - p.end
         if gap <= _slack(s):
             self.preds[i][j] = gap
-        else:
+        elif order:
             self.after[i].add(j)
 
     def _derive(self, i: int) -> None:
         b, n = self.b, self.b.nodes[i]
         slack = _slack(n)
         key = _resource(n)
-        if key is not None:
-            self._add(i, self.res[key].latest(b.nodes, i, n.start + slack))
+        if key is not None:  # a link is shared, not serial: its order binds nothing
+            self._add(i, self.res[key].latest(b.nodes, i, n.start + slack), not n.link)
         for lid in _links(b.rows[n.span_id].get("links")):
             if lid in b.rows:
                 self._add(i, b.last_leaf(lid))
@@ -373,6 +378,13 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
         preds=[sorted((new[j], g) for j, g in preds[i].items()) for i in order],
         after=[sorted(new[j] for j in after[i] - preds[i].keys()) for i in order],
         anchored=[not preds[i] and nodes[i].name != JOIN for i in order],
+        external={
+            new[i]: ext
+            for i in range(len(b.nodes))
+            if (
+                ext := [x for x in _links(b.rows[nodes[i].span_id].get("links")) if x not in b.rows]
+            )
+        },
     )
 
 

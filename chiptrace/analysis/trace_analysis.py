@@ -15,6 +15,7 @@ from chiptrace.analysis import rules_chips as rc
 from chiptrace.analysis import rules_comm as rm
 from chiptrace.analysis import rules_device as rd
 from chiptrace.analysis import rules_links as rl
+from chiptrace.analysis import rules_queue as rq
 from chiptrace.analysis import rules_roofline as rr
 from chiptrace.analysis import rules_run as rn
 from chiptrace.analysis.critical_path import critical_path
@@ -57,6 +58,7 @@ RULES: dict[str, Rule] = {
     "launch-bound": rd.launch_bound,
     "rank-straggler": rd.rank_straggler,
     "step-outliers": rn.step_outliers,
+    "queue-overload": rq.queue_overload,
     "dropped-spans": rm.dropped_spans,
     "host-contention": rn.host_contention,
     "error-rate": _service,
@@ -92,6 +94,9 @@ def run_rules(x: RuleInput, rules: Iterable[str] | None = None) -> list[Finding]
     # A late rank is one finding: rank-straggler says whom it keeps waiting, and how long.
     late = {f.culprit for f in found if f.rule == "rank-straggler"}
     found = [f for f in found if not (f.rule == "straggler" and f.culprit in late)]
+    # A serving queue that grows is the cause of its slow requests: one finding.
+    if any(f.rule == "queue-overload" for f in found):
+        found = [f for f in found if f.rule != "step-outliers"]
     return sort_findings(found)
 
 
@@ -257,7 +262,8 @@ class TraceAnalysis:
         out: list[Finding] = []
         for x in self.inputs:
             # Each finding priced by replaying the steps with its culprit fixed (ranking.py).
-            out += replay_savings(x, run_rules(x, per_workload))
+            # A chosen subset of rules gets no sweep (sweep.py): only what was asked for.
+            out += replay_savings(x, run_rules(x, per_workload), sweep=rules is None)
         first = self.inputs[0]
         first.endpoints = self.endpoints
         for n in names:

@@ -24,6 +24,7 @@ emulator can check it (benchmarks/bench_culprits.py re-runs the fault-free run).
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -163,11 +164,22 @@ def _owner(n: Node) -> str | None:
 
 
 def _waits(g: StepGraph) -> list[float]:
-    """How long each node started after everything it follows had ended."""
+    """How long each node started after everything it follows had ended, and after its
+    chip last finished work (a batch's input waiting on a free device)."""
     ends = [n.end for n in g.nodes]
+    free: dict[str, list[int]] = defaultdict(list)
+    for n in g.nodes:
+        if n.chip and not n.link:
+            free[n.chip].append(n.end)
+    for v in free.values():
+        v.sort()
     out = []
     for i, n in enumerate(g.nodes):
         before = [ends[j] for j, _ in g.preds[i]] + [ends[j] for j in g.after[i]]
+        own = free.get(_owner(n) or "", [])
+        k = bisect.bisect_right(own, n.start) - 1
+        if k >= 0:
+            before.append(own[k])
         out.append(float(n.start - max(before, default=g.start_ns)))
     return out
 
@@ -209,13 +221,22 @@ def durations(g: StepGraph, change: Change, topo: Topology) -> list[float]:
     return dur
 
 
-def replay_ends(g: StepGraph, change: Change, topo: Topology) -> list[float]:
-    """Every node's end (ns) with `change` applied."""
+Carry = dict[str, tuple[int, float]]  # span id -> (its end, how much later it ends now)
+
+
+def replay_ends(
+    g: StepGraph, change: Change, topo: Topology, carry: Carry | None = None, shift: float = 0.0
+) -> list[float]:
+    """Every node's end (ns) with `change` applied. `carry`: the step before's nodes (their
+    end, and how much later they end after the change, on a timeline where this step
+    starts `shift` later): work here that waited for one of them moves with it."""
     dur = durations(g, change, topo)
     moved = _peer_offsets(g, change.undelay)
     end = [0.0] * len(g.nodes)
     for i, n in enumerate(g.nodes):
         t = moved.get(i, float(n.start)) if g.anchored[i] else float("-inf")
+        if carry and i in g.external:
+            t = _carried(n, g.external[i], carry, shift, t)
         for j, gap in g.preds[i]:
             t = max(t, end[j] + gap)
         for j in g.after[i]:
@@ -224,11 +245,26 @@ def replay_ends(g: StepGraph, change: Change, topo: Topology) -> list[float]:
     return end
 
 
+def _carried(n: Node, ids: list[str], carry: Carry, shift: float, t: float) -> float:
+    """The start of `n` when it waited (ended within the slack) for work of the step
+    before that now ends earlier or later."""
+    got = [carry[s] for s in ids if s in carry]
+    if not got:
+        return t
+    end, later = max(got)
+    if n.start - end > max(2_000, n.dur // 100):
+        return t  # it did not wait for that work
+    return max(n.start + later - shift, float("-inf") if t == float("-inf") else -1e30)
+
+
 def replay(g: StepGraph, change: Change, topo: Topology) -> float:
     """The step's duration (ns) with `change` applied; unchanged, its measured duration."""
     if not g.nodes:
         return float(g.duration_ns)
-    end = replay_ends(g, change, topo)
+    return _duration(g, replay_ends(g, change, topo))
+
+
+def _duration(g: StepGraph, end: list[float]) -> float:
     last = max(n.end for n in g.nodes)
     return g.duration_ns + (max(end) - last)
 
@@ -236,13 +272,27 @@ def replay(g: StepGraph, change: Change, topo: Topology) -> float:
 def replay_all(
     graphs: Iterable[StepGraph], changes: Mapping[str, Change], topo: Topology
 ) -> dict[str, Any]:
-    """Measured and replayed step times of many steps under several changes at once (each
-    graph is built once): {"measured": [ns], name: [ns] per change}."""
+    """Measured and replayed step times of many steps (in run order) under several changes
+    at once (each graph built once): {"measured": [ns], name: [ns] per change}. Work that
+    waited for the step before (prefetched input) moves with it."""
     out: dict[str, list[float]] = {"measured": [], **{k: [] for k in changes}}
+    carry: dict[str, Carry] = {k: {} for k in changes}
+    shift = dict.fromkeys(changes, 0.0)
     for g in graphs:
         out["measured"].append(float(g.duration_ns))
         for k, c in changes.items():
-            out[k].append(replay(g, c, topo))
+            if not g.nodes:
+                out[k].append(float(g.duration_ns))
+                continue
+            end = replay_ends(g, c, topo, carry[k], shift[k])
+            d = _duration(g, end)
+            out[k].append(d)
+            carry[k] = {
+                n.span_id: (n.end, shift[k] + end[i] - n.end)
+                for i, n in enumerate(g.nodes)
+                if n.span_id
+            }
+            shift[k] += d - g.duration_ns
     return out
 
 

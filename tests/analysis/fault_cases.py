@@ -149,6 +149,7 @@ class Outcome:
     claimed: float | None = None
     findings: list[Any] = field(default_factory=list)
     peer: str = ""
+    checked: list[tuple[float, float]] = field(default_factory=list)  # (claimed, emulated)
 
     @property
     def moved(self) -> float:
@@ -163,3 +164,35 @@ class Outcome:
         return self.claimed is not None and abs(self.claimed - self.actual) <= 0.25 * abs(
             self.actual
         )
+
+
+def fixed_slice(seed: int = 23) -> list[tuple[str, str, str]]:
+    """(topology, workload, kind) of the test's slice: every kind once on rack6, on the
+    workloads in turn; the targets and values are drawn from `seed` when the case runs."""
+    workloads = ("train", "mixed", "infer-steady")
+    return [("rack6", workloads[k % 3], kind) for k, kind in enumerate(KINDS)]
+
+
+def run(topology: str, workload: str, kind: str, seed: int, root: Path) -> Outcome:
+    """Emulate the fault-free run and the faulty one, analyse, and grade (one case)."""
+    from chiptrace.analysis import TraceAnalysis
+    from chiptrace.errors import ChiptraceError
+
+    rng = random.Random(f"{seed}:{topology}:{workload}:{kind}")
+    base = Case(topology, workload, "healthy", rng.randrange(1, 10_000))
+    hta = TraceAnalysis(emulate_case(base, root / f"{base.id}-base"))
+    drawn = draw(rng, topology, workload, kind, used_links(hta))
+    case = Case(topology, workload, kind, base.seed, drawn.fault, drawn.target)
+    o = Outcome(case, healthy_step=the_step(hta, case.serving))
+    if kind == "healthy":
+        o.step, o.findings = o.healthy_step, hta.findings()
+        return o
+    try:
+        ta = TraceAnalysis(emulate_case(case, root / case.id))
+    except ChiptraceError as e:
+        o.error = str(e)
+        return o
+    o.step, o.findings = the_step(ta, case.serving), ta.findings()
+    o.rank, f = rank_of(o.findings, case.target)
+    o.claimed = f.saving_ns if f is not None else None
+    return o
