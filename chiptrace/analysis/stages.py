@@ -6,8 +6,9 @@ files (on a Dask worker, which opens its own DuckDB over them for the task). `Tr
 order; chiptrace.cluster's runs them as Dask tasks. The client merges the results the same
 way either runner returns them, so a report on a cluster is the single-process report.
 
-- per step, replays (`replay_stage`): a few steps' dependency graphs replayed under each
-  finding's fix (analysis/whatif.py), the batches the in-process replay loads;
+- replays (`replay_stage`): the workload's replayed steps' dependency graphs, replayed
+  under some of the findings' fixes (analysis/whatif.py); the fixes are split over the
+  workers (each carries its own state from step to step, so its steps stay together);
 - per step (`step_stage`): one sampled step's span-level analysis (its critical path),
   given its spans: the client loads the sampled steps with one query, as the rules need
   them there anyway (one query, not one a step: a span that starts before its own step
@@ -44,9 +45,12 @@ TASK_MEMORY_LIMIT = "2GB"
 
 
 class Runner(Protocol):
-    """Where stages run. `remote`: the calls get store paths, not this connection."""
+    """Where stages run. `remote`: the calls get store paths, not this connection;
+    `parallelism`: stages worth running at once (a replay's changes are split that many
+    ways, each part building the steps' graphs again)."""
 
     remote: bool
+    parallelism: int
 
     def map(self, name: str, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
         """`[fn(*args) for args in calls]`, in that order."""
@@ -58,6 +62,7 @@ class InProcess:
     `progress(done, total)` after each (a terminal's progress bar)."""
 
     remote = False
+    parallelism = 1  # one replay stage for all the changes: each step's graph built once
 
     def __init__(self, progress: Callable[[int, int], None] | None = None) -> None:
         self.progress = progress
@@ -107,21 +112,16 @@ def sampled_steps(
     return loaded, runner.map("step", step_stage, [(s,) for s in loaded])
 
 
-REPLAY_BATCH = 4  # steps a replay stage loads with one query (stepgraph.iter_graphs' batch)
-
-
 def replay_stage(
     src: Source, steps: pa.Table, rows: Sequence[int], changes: Mapping[str, Any], topo: Any
 ) -> dict[str, list[float]]:
-    """A few steps' graphs, replayed under every change (whatif.replay_all): measured
-    and replayed step times, in `rows` order."""
+    """The steps `rows`' graphs (built as in process: stepgraph.iter_graphs), replayed
+    under some of the changes (whatif.replay_all): measured and replayed step times."""
     from chiptrace.analysis.stepgraph import iter_graphs
     from chiptrace.analysis.whatif import replay_all
 
     with connection(src) as con:
-        out: dict[str, list[float]] = replay_all(
-            iter_graphs(con, steps, rows, REPLAY_BATCH), changes, topo
-        )
+        out: dict[str, list[float]] = replay_all(iter_graphs(con, steps, rows), changes, topo)
         return out
 
 
@@ -137,17 +137,18 @@ class Stages:
     def replays(
         self, steps: pa.Table, rows: Sequence[int], changes: Mapping[str, Any], topo: Any
     ) -> dict[str, list[float]]:
-        """whatif.replay_all over the steps `rows`, REPLAY_BATCH steps a stage (the batches
-        iter_graphs loads in process, so the spans each step is built from are the same)."""
-        rows = list(rows)
-        calls = [
-            (self.src, steps, rows[k : k + REPLAY_BATCH], changes, topo)
-            for k in range(0, len(rows), REPLAY_BATCH)
-        ]
-        out: dict[str, list[float]] = {"measured": [], **{k: [] for k in changes}}
-        for part in self.runner.map("replay", replay_stage, calls):
-            for k, v in part.items():
-                out[k] += v
+        """whatif.replay_all over the steps `rows`, the changes split over the runner's
+        workers. Not the steps: a replay carries each change's state from one step to the
+        next (work that waited for the step before), so a change's steps stay together in
+        one stage, as in process; the changes are independent of one another."""
+        keys = list(changes)
+        n = max(1, min(len(keys), getattr(self.runner, "parallelism", 1)))
+        groups = [keys[i::n] for i in range(n)]
+        calls = [(self.src, steps, list(rows), {k: changes[k] for k in g}, topo) for g in groups]
+        parts = self.runner.map("replay", replay_stage, calls)
+        out: dict[str, list[float]] = {"measured": parts[0]["measured"] if parts else []}
+        merged = {k: v for part in parts for k, v in part.items() if k != "measured"}
+        out.update((k, merged[k]) for k in keys)  # in the changes' order, as in process
         return out
 
 

@@ -22,6 +22,7 @@ class DaskRunner:
         self, cluster: Cluster, progress: Callable[[int, int], None] | None = None
     ) -> None:
         self.cluster = cluster
+        self.parallelism = max(cluster.workers, 1)
         self.progress = progress
         self.done = 0
         self.total = 0

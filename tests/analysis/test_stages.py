@@ -25,6 +25,7 @@ class PathsRunner:
     """Stages get paths, not this process's connection, as on a cluster; counts calls."""
 
     remote = True
+    parallelism = 2  # a replay's changes split in two, as on two workers
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
