@@ -97,8 +97,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="8 small rank files: a smoke run")
     ap.add_argument("--keep", metavar="DIR", help="generate into DIR and keep the files")
+    ap.add_argument("--ranks", type=int, help="rank files (default 64; --quick 8)")
+    ap.add_argument("--copies", type=int, help="fixture steps repeated per file (19: ~33 MB)")
     args = ap.parse_args()
     ranks, copies = QUICK if args.quick else FULL
+    ranks, copies = args.ranks or ranks, args.copies or copies
+    partial = args.quick or (ranks, copies) != FULL  # only the full set's figures are saved
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start")
     with tempfile.TemporaryDirectory(prefix="bench-scale-", dir="/tmp") as tmp:
         work = Path(args.keep or tmp)
@@ -133,7 +137,7 @@ def main() -> None:
             flush=True,
         )
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
-        if not args.quick:
+        if not partial:
             save("scale", figures(i1, r1, i2, r2, ranks), "full")
 
 

@@ -142,6 +142,8 @@ class Stages:
         next (work that waited for the step before), so a change's steps stay together in
         one stage, as in process; the changes are independent of one another."""
         keys = list(changes)
+        if not keys:  # nothing to price: evaluate reads no measured time alone
+            return {"measured": []}
         n = max(1, min(len(keys), getattr(self.runner, "parallelism", 1)))
         groups = [keys[i::n] for i in range(n)]
         calls = [(self.src, steps, list(rows), {k: changes[k] for k in g}, topo) for g in groups]

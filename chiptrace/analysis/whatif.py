@@ -318,7 +318,7 @@ def evaluate(
 ) -> dict[str, dict[str, float]]:
     """Replay a workload's steps (its `steps` table; at most MAX_STEPS, spread) under each
     change: per change the measured and replayed median step and the saving (ns).
-    `stages` (analysis/stages.Stages): replay a few steps a stage (here, or on a cluster)."""
+    `stages` (analysis/stages.Stages): the changes replayed as stages (here, or on a cluster)."""
     from chiptrace.analysis.stepgraph import iter_graphs
 
     if too_big(con, steps):
