@@ -46,6 +46,7 @@ ENV_SAMPLE_HOST = "CHIPTRACE_SAMPLE_HOST"
 ENV_SAMPLE_INTERVAL = "CHIPTRACE_SAMPLE_INTERVAL"
 ENV_SAMPLER_PID = "CHIPTRACE_SAMPLER_PID"  # set by the process that samples the host
 ENV_DEVICE_TIME = "CHIPTRACE_DEVICE_TIME"  # GPU-tagged spans time the device (chiptrace.torch)
+ENV_DASK_SCHEDULER = "CHIPTRACE_DASK_SCHEDULER"  # import/report --dask default address
 # Set by torchrun (and torch.distributed.launch, DeepSpeed, Accelerate) in each rank.
 ENV_RANK = "RANK"
 ENV_LOCAL_RANK = "LOCAL_RANK"

@@ -82,7 +82,10 @@ def _list(names: tuple[str, ...]) -> str:
 
 
 def launch_queue(
-    con: Any, since_ns: int | None = None, until_ns: int | None = None
+    con: Any,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+    filtering: bool | None = None,
 ) -> list[dict[str, Any]]:
     """One dict per (rank, stream) with launched work: rank, stream, chip_id, launches,
     queue_length_mean, queue_length_max, host_wait_ms, kernel_wait_ms, other_wait_ms,
@@ -92,7 +95,7 @@ def launch_queue(
         con: a `chiptrace.connect()` connection.
         since_ns, until_ns: only device events inside this Unix-ns range.
     """
-    sql = kept_sql(LAUNCH_SQL, since_ns, until_ns).format(
+    sql = kept_sql(LAUNCH_SQL, since_ns, until_ns, filtering).format(
         calls=_list(LAUNCH_CALLS), cats=_list(_WORK_CATS), kw=KERNEL_WAIT_US
     )
     out = []

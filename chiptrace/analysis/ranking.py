@@ -256,7 +256,7 @@ def _evaluate(x: RuleInput, changes: dict[str, Change]) -> dict[str, dict[str, f
         from chiptrace.analysis.whatif import spread
 
         steps = steps.take(spread(steps.num_rows, REPLAY_STEPS))
-    return evaluate(x.con, steps, x.tables.topology, changes)
+    return evaluate(x.con, steps, x.tables.topology, changes, x.stages)
 
 
 def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[Finding]:

@@ -50,9 +50,9 @@ steps AS (
              AS rank,
            (start_ns + 999) // 1000 AS ts, CAST(name AS VARCHAR) AS name
     FROM spans_raw
-    WHERE CAST(name AS VARCHAR) LIKE '%ProfilerStep%' AND coalesce(chip_type, 'cpu') = 'cpu'
+    WHERE {step_where}
 ),
-filtering AS (SELECT count(DISTINCT name) >= 2 AS on FROM steps),
+filtering AS ({filtering}),
 last_step AS (SELECT rank, max(ts) AS ts FROM steps GROUP BY rank),
 launch AS (
     SELECT span_id, CAST(name AS VARCHAR) AS name, (start_ns + 999) // 1000 AS ts,
@@ -101,8 +101,20 @@ FROM merged GROUP BY ALL ORDER BY rank, grp
 )
 
 
-def kept_sql(sql: str, since_ns: int | None, until_ns: int | None) -> str:
-    """`sql` (built on KEPT_SQL) with its device events limited to a Unix-ns range."""
+# HTA's last-step filter is on when the run has two or more step names. A distributed
+# report's per-rank task sees one rank: it passes the whole run's answer (`filtering`).
+_FILTERING = "SELECT count(DISTINCT name) >= 2 AS on FROM steps"
+_STEP_WHERE = "CAST(name AS VARCHAR) LIKE '%ProfilerStep%' AND coalesce(chip_type, 'cpu') = 'cpu'"
+STEP_NAMES_SQL = f"SELECT DISTINCT CAST(name AS VARCHAR) FROM spans_raw WHERE {_STEP_WHERE}"
+
+
+def kept_sql(
+    sql: str, since_ns: int | None, until_ns: int | None, filtering: bool | None = None
+) -> str:
+    """`sql` (built on KEPT_SQL) with its device events limited to a Unix-ns range;
+    `filtering` forces HTA's last-step filter on or off (default: decided from the data)."""
+    on = _FILTERING if filtering is None else f"SELECT {bool(filtering)} AS on"
+    sql = sql.replace("{filtering}", on).replace("{step_where}", _STEP_WHERE)
     cond = ""
     if since_ns is not None:
         cond += f" AND end_ns > {int(since_ns)}"
@@ -116,7 +128,10 @@ def _pct(part: float, whole: float) -> float | None:
 
 
 def rank_breakdown(
-    con: Any, since_ns: int | None = None, until_ns: int | None = None
+    con: Any,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+    filtering: bool | None = None,
 ) -> list[dict[str, Any]]:
     """One dict per rank: rank, gpu_idle_pct, gpu_compute_pct, gpu_non_compute_pct,
     comm_compute_overlap_pct (see the module docstring); [] for a run without device
@@ -126,7 +141,7 @@ def rank_breakdown(
         con: a `chiptrace.connect()` connection (it has `spans_raw`).
         since_ns, until_ns: only device events inside this Unix-ns range.
     """
-    rows = con.execute(kept_sql(RANKS_SQL, since_ns, until_ns)).fetchall()
+    rows = con.execute(kept_sql(RANKS_SQL, since_ns, until_ns, filtering)).fetchall()
     by_rank: dict[int, dict[str, tuple[int, int, int]]] = {}
     for rank, grp, length, first, last, _ in rows:
         by_rank.setdefault(int(rank), {})[grp] = (int(length), int(first), int(last))

@@ -46,6 +46,9 @@ class RuleInput:
     endpoints: list[dict[str, Any]] | None = None
     memo: dict[str, Any] = field(default_factory=dict)  # figures several rules share
     training: bool = True  # the steps are training steps (WorkloadTables.training), not tasks
+    # Where per-step work such as the what-if replays runs (analysis/stages.Stages: here, or
+    # as Dask tasks); None: here, on `con`.
+    stages: Any = None
 
     @property
     def step_ns(self) -> float:

@@ -137,11 +137,16 @@ def evaluate_served(
 
 
 def evaluate(
-    con: Any, steps: pa.Table, topo: Topology, changes: Mapping[str, whatif.Change]
+    con: Any,
+    steps: pa.Table,
+    topo: Topology,
+    changes: Mapping[str, whatif.Change],
+    stages: Any = None,
 ) -> dict[str, dict[str, float]]:
     """Replay a workload under each change: served workloads (steps linking to batches)
-    by their mean request latency over the run, others by their median step."""
+    by their mean request latency over the run, others by their median step (`stages`:
+    see whatif.evaluate)."""
     links = back_ends(steps)
     if links:
         return evaluate_served(con, steps, links, topo, changes)
-    return whatif.evaluate(con, steps, topo, changes)
+    return whatif.evaluate(con, steps, topo, changes, stages)

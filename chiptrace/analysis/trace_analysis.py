@@ -21,13 +21,13 @@ from chiptrace.analysis import rules_roofline as rr
 from chiptrace.analysis import rules_run as rn
 from chiptrace.analysis.breakdown import time_breakdown
 from chiptrace.analysis.critical_path import critical_path
+from chiptrace.analysis.errors import AnalysisError
 from chiptrace.analysis.kernels import kernel_breakdown
-from chiptrace.analysis.launch import launch_queue
 from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
 from chiptrace.analysis.ranking import replay_savings
-from chiptrace.analysis.ranks import rank_breakdown
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
+from chiptrace.analysis.stages import InProcess, Runner, Stages, rank_figures, sampled_steps
 from chiptrace.analysis.steps import Step, load_steps, pick_steps, step_groups, whole_trace
 from chiptrace.analysis.tables import COMPUTE_TYPES, TraceTables, load_tables
 
@@ -122,6 +122,8 @@ class TraceAnalysis:
         windows: points in the utilization-over-time series.
         max_step_spans: steps with more spans than this (on average) get no span-level
             analysis (critical path, overlap, starvation): it runs in Python.
+        runner: where the per-step and per-rank stages run (analysis/stages.py): here
+            (default), or as tasks on a Dask cluster (chiptrace.cluster).
 
     Example:
         >>> ta = TraceAnalysis("traces/run1")
@@ -138,6 +140,7 @@ class TraceAnalysis:
         sample_steps: int = 5,
         windows: int = 120,
         max_step_spans: int = MAX_STEP_SPANS,
+        runner: Runner | None = None,
     ) -> None:
         if hasattr(source, "sql") and hasattr(source, "execute"):
             self.con = source
@@ -156,6 +159,11 @@ class TraceAnalysis:
         self.since_ns, self.until_ns = since_ns, until_ns
         self.step_name, self.sample_steps, self.windows = step_name, sample_steps, windows
         self.max_step_spans = max_step_spans
+        self.runner: Runner = runner if runner is not None else InProcess()
+        if self.runner.remote and not self.sources:
+            raise AnalysisError(
+                "stages on a cluster read the store: give its paths, not a connection"
+            )
 
     @cached_property
     def tables(self) -> TraceTables:
@@ -164,15 +172,21 @@ class TraceAnalysis:
             self.con, self.since_ns, self.until_ns, windows=self.windows, step_name=self.step_name
         )
 
-    def _sample(self, t: TraceTables, budget: float) -> list[Step]:
+    def _sample(self, t: TraceTables, budget: float) -> tuple[list[Step], list[CriticalPath]]:
         # Span-level work is Python: keep it to about `budget` spans for this workload.
         per_step = t.spans / max(sum(w.steps.num_rows for w in t.workloads), 1)
         if per_step > self.max_step_spans:
-            return []
+            return [], []
         # A step is every rank's copy of it (steps.step_groups): k steps cost k x ranks.
         ranks = t.steps.num_rows / max(len(step_groups(t.steps)), 1)
         k = max(1, min(self.sample_steps, int(budget // max(per_step * ranks, 1))))
-        return load_steps(self.con, t.steps, pick_steps(t.steps, k if self.sample_steps else 0))
+        rows = pick_steps(t.steps, k if self.sample_steps else 0)
+        return sampled_steps(self.runner, self.con, t.steps, rows)
+
+    @cached_property
+    def _rank_figures(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """`metrics.ranks` and the launch queue (analysis/stages.py: per rank on a cluster)."""
+        return rank_figures(self.runner, self.con, self.sources, self.since_ns, self.until_ns)
 
     @cached_property
     def inputs(self) -> list[RuleInput]:
@@ -193,7 +207,7 @@ class TraceAnalysis:
             tw = t.for_workload(w)
             # Tasks that are not training steps (a browser's, a service's) get no step
             # analysis: no critical path of a "step", shares of the wall time.
-            steps = self._sample(tw, budget) if w.training else []
+            steps, paths = self._sample(tw, budget) if w.training else ([], [])
             durs = _metrics.step_durations(tw)
             chips = {c for c in all_chips if owner_chip.get(c, 0) == i}
             links = {lk for lk in all_links if owner_link.get(lk, 0) == i}
@@ -201,13 +215,14 @@ class TraceAnalysis:
                 RuleInput(
                     tw,
                     steps,
-                    [critical_path(s.spans, s.root_id) for s in steps],
+                    paths,
                     float(_metrics.percentile(durs, 50) or 0.0) if w.training else 0.0,
                     w.name,
                     frozenset(chips),
                     frozenset(links),
                     self.con,
                     training=w.training,
+                    stages=self._stages,
                 )
             )
         return out or [self._whole(t)]
@@ -219,8 +234,13 @@ class TraceAnalysis:
         tw = t.for_workload(None)
         launched = any(r["op_kind"] == "launch" for r in t.chip_ops.to_pylist())
         if not launched or not self.sample_steps or t.spans > SAMPLE_SPANS:
-            return RuleInput(tw, con=self.con)
-        return RuleInput(tw, [whole_trace(self.con, t.lo, t.hi)], con=self.con)
+            return RuleInput(tw, con=self.con, stages=self._stages)
+        return RuleInput(tw, [whole_trace(self.con, t.lo, t.hi)], con=self.con, stages=self._stages)
+
+    @cached_property
+    def _stages(self) -> Stages:
+        """The per-step stages' runner and what they read (this connection, or paths)."""
+        return Stages(self.runner, self.con, self.sources)
 
     @cached_property
     def endpoints(self) -> list[dict[str, Any]]:
@@ -291,7 +311,7 @@ class TraceAnalysis:
         x = self.inputs[0]
         out = _metrics.headline(x, self.workload_metrics(x))
         # Per-rank GPU time breakdown as HolisticTraceAnalysis defines it (analysis/ranks.py).
-        out["ranks"] = rank_breakdown(self.con, self.since_ns, self.until_ns)
+        out["ranks"] = self._rank_figures[0]
         # What the peaks and bandwidths come from: a store without one (an imported or
         # round-tripped trace) has no MFU, roofline or bandwidth rules, and says so.
         topo = self.tables.topology
@@ -342,7 +362,7 @@ class TraceAnalysis:
             self.endpoints,
             kernel_breakdown(t),
             # HTA's launch queue needs its device events: none where metrics.ranks has none
-            launch_queue(self.con, self.since_ns, self.until_ns) if metrics["ranks"] else [],
+            self._rank_figures[1] if metrics["ranks"] else [],
             self.time_breakdown(),
         )
 

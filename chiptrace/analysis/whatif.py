@@ -314,16 +314,19 @@ def p50(values: list[float]) -> float:
 
 
 def evaluate(
-    con: Any, steps: Any, topo: Topology, changes: Mapping[str, Change]
+    con: Any, steps: Any, topo: Topology, changes: Mapping[str, Change], stages: Any = None
 ) -> dict[str, dict[str, float]]:
     """Replay a workload's steps (its `steps` table; at most MAX_STEPS, spread) under each
-    change: per change the measured and replayed median step and the saving (ns)."""
+    change: per change the measured and replayed median step and the saving (ns).
+    `stages` (analysis/stages.Stages): the changes replayed as stages (here, or on a cluster)."""
     from chiptrace.analysis.stepgraph import iter_graphs
 
     if too_big(con, steps):
         return {}
-    graphs = iter_graphs(con, steps, spread(steps.num_rows))
-    r = replay_all(graphs, changes, topo)
+    if stages is not None:
+        r = stages.replays(steps, spread(steps.num_rows), changes, topo)
+    else:
+        r = replay_all(iter_graphs(con, steps, spread(steps.num_rows)), changes, topo)
     m = p50(r["measured"])
     return {
         k: {"steps": len(v), "measured_ns": m, "replayed_ns": p50(v), "saving_ns": m - p50(v)}

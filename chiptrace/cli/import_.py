@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 NAME = "import"
@@ -34,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="processes decoding Kineto files beside this one (default: one per idle CPU, "
-        "at most 4, for 48 MB of Kineto files or more; 0: none)",
+        "at most 4, for 48 MB of Kineto files or more; 0: none); with --dask local: the "
+        "LocalCluster's worker processes (default 2)",
     )
     p.add_argument(
         "--append",
@@ -48,48 +48,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "sizes, clocks hours apart) as one run",
     )
     p.add_argument("--json", action="store_true", help="print the import summary as JSON")
-
-
-class _Bar:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
-
-    def __init__(self) -> None:
-        self.on = sys.stderr.isatty()
-        self._last = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if not self.on or (now - self._last < 0.1 and done < total):
-            return
-        self._last = now
-        frac = done / total if total else 1.0
-        bar = "#" * int(frac * 30)
-        sys.stderr.write(f"\rimporting [{bar:<30}] {frac:4.0%}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.on:
-            sys.stderr.write("\r" + " " * 50 + "\r")
+    p.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        help="run on a Dask cluster: its scheduler (tcp://host:8786), or `local` for a "
+        "LocalCluster of --workers processes; default $CHIPTRACE_DASK_SCHEDULER. The inputs "
+        "and --out must be on storage every worker sees (see docs/scaling.md)",
+    )
+    p.add_argument(
+        "--partition-by",
+        choices=("rank",),
+        help="write parts under spans/rank=R/ (hive layout): a distributed report's task "
+        "then reads only its rank's",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from chiptrace.cli._progress import Bar
     from chiptrace.cli.emulate import check_out
-    from chiptrace.importers import import_trace
+    from chiptrace.cluster.client import address_from
 
     check_out(args.out, args.append)
-    bar = _Bar()
+    bar = Bar("importing")
+    address = address_from(args.dask)
     try:
-        summary = import_trace(
-            args.paths,
-            args.out,
-            format=args.format,
-            align=args.align,
-            progress=bar if bar.on else None,
-            workers=args.workers,
-            merge=args.merge,
-        )
+        if address is None:
+            summary = _import(args, bar, None)
+        else:
+            summary = _on_cluster(args, bar, address)
     finally:
         bar.close()
     _warn(summary.files)
@@ -113,6 +101,56 @@ def run(args: argparse.Namespace) -> int:
         f"next: chiptrace report {summary.out}\n"
     )
     return 0
+
+
+def _import(args: argparse.Namespace, bar: Any, executor: Any) -> Any:
+    from chiptrace.importers import import_trace
+
+    def on_bytes(done: int, total: int) -> None:
+        bar.update(done / total if total else 1.0, done=done >> 20, total=total >> 20, unit="MiB")
+
+    def on_task(p: Any) -> None:
+        bar.update(p.tasks_done / p.tasks, done=p.files_done, total=p.files, spans=p.spans)
+
+    return import_trace(
+        args.paths,
+        args.out,
+        format=args.format,
+        align=args.align,
+        progress=on_bytes if bar.on else None,
+        workers=args.workers if executor is None else None,
+        executor=executor,
+        partition_by=args.partition_by,
+        on_task=on_task if bar.on else None,
+        merge=args.merge,
+    )
+
+
+def _on_cluster(args: argparse.Namespace, bar: Any, address: str) -> Any:
+    """Connect (nothing is written before), check every worker sees the inputs and --out,
+    then import; --out is removed again if this made it and the check failed."""
+    from pathlib import Path
+
+    from chiptrace.cluster.client import Cluster, note
+    from chiptrace.importers import expand_inputs
+
+    files = [f.resolve() for f in expand_inputs(args.paths)]
+    with Cluster(address, workers=args.workers) as cluster:
+        out = Path(args.out).resolve()
+        made = not out.exists()
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            cluster.check_paths(files, out)
+        except BaseException:
+            if made and not any(out.iterdir()):
+                out.rmdir()
+            raise
+        dash = cluster.dashboard()
+        note(
+            f"Dask: {cluster.workers} workers at {address}"
+            + (f", dashboard {dash}" if dash else "")
+        )
+        return _import(args, bar, cluster)
 
 
 def _reasons(skipped: dict[str, int]) -> str:

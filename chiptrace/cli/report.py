@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 NAME = "report"
 ORDER = 30
@@ -47,6 +48,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="skip span-by-span analysis of steps bigger than this (default 400000)",
     )
+    _add_cluster(p)
+
+
+def _add_cluster(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        help="run the per-rank and per-step stages as tasks on a Dask cluster: its "
+        "scheduler (tcp://host:8786), or `local` for a LocalCluster of --workers processes; "
+        "default $CHIPTRACE_DASK_SCHEDULER. The trace dirs must be on storage every worker "
+        "sees; the JSON is the single-process report's (see docs/scaling.md)",
+    )
+    p.add_argument(
+        "--workers", type=int, metavar="N", help="with --dask local: worker processes (default 2)"
+    )
 
 
 def write_text(path: str, text: str) -> None:
@@ -58,6 +74,36 @@ def write_text(path: str, text: str) -> None:
             fh.write(text)
     except OSError as e:
         raise ChiptraceError(f"cannot write {path}: {e.strerror}") from e
+
+
+def _on_cluster(args: argparse.Namespace, address: str, analyse: Any) -> dict[str, Any]:
+    """Connect, check every worker sees the trace dirs, then analyse with the stages as
+    Dask tasks (a progress bar of them on a terminal)."""
+    from pathlib import Path
+
+    from chiptrace.cli._progress import Bar
+    from chiptrace.cluster.client import Cluster, note
+    from chiptrace.cluster.reports import DaskRunner
+    from chiptrace.store import expand_dirs
+
+    dirs = [Path(d).resolve() for d in expand_dirs(args.dirs)]
+    with Cluster(address, workers=args.workers) as cluster:
+        cluster.check_paths(dirs)
+        dash = cluster.dashboard()
+        note(
+            f"Dask: {cluster.workers} workers at {address}"
+            + (f", dashboard {dash}" if dash else "")
+        )
+        bar = Bar("reporting")
+        try:
+            return analyse(DaskRunner(cluster, _stages_bar(bar)))
+        finally:
+            bar.close()
+
+
+def _stages_bar(bar: Any) -> Any:
+    """The report's progress: stages done of those handed out so far (per rank, per step)."""
+    return lambda done, total: bar.update(done / total, done=done, total=total, unit="stages")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,15 +126,32 @@ def run(args: argparse.Namespace) -> int:
             args.dirs, args.run = list(r.dirs), r.id
             run(args)
         return 0
-    ta = TraceAnalysis(
-        list(runs[0].paths),
-        since_ns=args.since_ns,
-        until_ns=args.until_ns,
-        step_name=args.step,
-        sample_steps=args.sample_steps,
-        max_step_spans=args.max_step_spans,
-    )
-    report = ta.report().to_dict()
+    from chiptrace.cluster.client import address_from
+
+    def analyse(runner: Any = None) -> dict[str, Any]:
+        ta = TraceAnalysis(
+            list(runs[0].paths),
+            since_ns=args.since_ns,
+            until_ns=args.until_ns,
+            step_name=args.step,
+            sample_steps=args.sample_steps,
+            max_step_spans=args.max_step_spans,
+            runner=runner,
+        )
+        return ta.report().to_dict()
+
+    address = address_from(args.dask)
+    if address is None:
+        from chiptrace.analysis.stages import InProcess
+        from chiptrace.cli._progress import Bar
+
+        bar = Bar("reporting")
+        try:
+            report = analyse(InProcess(_stages_bar(bar)) if bar.on else None)
+        finally:
+            bar.close()
+    else:
+        report = _on_cluster(args, address, analyse)
     if args.html:
         write_text(args.html, render_html(report))
     if args.json:

@@ -21,6 +21,7 @@ from chiptrace.importers.detect import FORMATS, detect
 from chiptrace.importers.source import TraceFormatError
 
 if TYPE_CHECKING:
+    from chiptrace.importers.tasks import Executor, Progress
     from chiptrace.importers.within import Within
 
 ALIGN_MODES = ("auto", "nccl", "none")
@@ -89,6 +90,9 @@ def import_trace(
     workers: int | None = None,
     within: Within | None = None,
     merge: bool = False,
+    executor: Executor | None = None,
+    partition_by: str | None = None,
+    on_task: Callable[[Progress], None] | None = None,
 ) -> ImportSummary:
     """Import trace files into the trace dir `out` (created if missing).
 
@@ -106,6 +110,11 @@ def import_trace(
             the same clock (see chiptrace.importers.within; chiptrace.torch uses it).
         merge: store files that look like different jobs (duplicate ranks, different world
             sizes, clocks hours apart) as one run instead of refusing them.
+        executor: run the import as tasks there (a Dask cluster: chiptrace.cluster), one
+            per file to read and one per file to write (chiptrace.importers.tasks).
+        partition_by: `rank`: parts under `spans/rank=R/` (hive layout), so a task of
+            a distributed report reads only its rank's.
+        on_task: called with a tasks.Progress as each task of a task import ends.
 
     Returns:
         What was stored (`ImportSummary`).
@@ -129,8 +138,14 @@ def import_trace(
         raise TraceFormatError(
             f"unknown --align {align!r}; expected one of {', '.join(ALIGN_MODES)}"
         )
+    if partition_by not in (None, "rank"):
+        raise TraceFormatError(f"unknown --partition-by {partition_by!r}; expected rank")
+    if within is not None and (executor is not None or partition_by is not None):
+        raise TraceFormatError("an import into a recorded run runs in one process")
     files = expand_inputs(paths)
-    formats = [detect(f) if format == "auto" else format for f in files]
+    tasks = executor is not None or partition_by is not None
+    # A task import detects in its read tasks: 1,024 heads on shared storage, not here.
+    formats = [detect(f) if format == "auto" and not tasks else format for f in files]
     t0 = time.perf_counter()
     seed = secrets.token_bytes(16)
     # Arrow's default allocator (mimalloc) keeps what the blocks free: with the system one
@@ -138,9 +153,15 @@ def import_trace(
     pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
     try:
-        summary = run_import(
-            files, formats, Path(out), align, seed, progress, workers, within, merge
-        )
+        if not tasks:
+            summary = run_import(
+                files, formats, Path(out), align, seed, progress, workers, within, merge
+            )
+        else:
+            from chiptrace.importers.tasks import InProcess, run_tasks
+
+            ex = executor if executor is not None else InProcess(workers)
+            summary = run_tasks(files, formats, Path(out), align, seed, ex, on_task, partition_by)
     finally:
         pa.set_memory_pool(pool)
     summary.seconds = time.perf_counter() - t0

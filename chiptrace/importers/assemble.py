@@ -148,6 +148,11 @@ class Assembler:
             return {}
         return {f.no: f"rank{rank}/" for f in files}
 
+    def write_file(self, f: Pending, prefix: str) -> int:
+        """One file's spans, with `offsets` and `prefix` decided already (over every file,
+        by `finish` or a cluster's client: chiptrace.importers.tasks); returns the count."""
+        return self._file(f, prefix)
+
     def _file(self, f: Pending, prefix: str) -> int:
         start, end = f.take("start"), f.take("end")
         n = len(start)

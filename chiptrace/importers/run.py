@@ -57,6 +57,15 @@ def _context_copies(context: ContextCopies, staging: Staging) -> None:
         facts.categories["span"] = facts.categories.get("span", 0) + len(spans)
 
 
+def import_manifest(files: list[Path], formats: list[str], align: str) -> dict[str, Any]:
+    """The run facts an import records (its own manifest, beside the writers')."""
+    return {
+        "source": "import",
+        "service": "import",
+        "import": {"files": [str(f) for f in files], "formats": formats, "align": align},
+    }
+
+
 def run_import(
     files: list[Path],
     formats: list[str],
@@ -68,11 +77,7 @@ def run_import(
     within: Within | None = None,
     merge: bool = False,
 ) -> ImportSummary:
-    manifest: dict[str, Any] = {
-        "source": "import",
-        "service": "import",
-        "import": {"files": [str(f) for f in files], "formats": formats, "align": align},
-    }
+    manifest = import_manifest(files, formats, align)
     if within is not None:
         manifest.update(service=within.service, **within.manifest)
     staging = Staging(out, manifest)
@@ -180,3 +185,9 @@ def _file_summary(f: FileFacts) -> dict[str, Any]:
         if f.tally.get(key):
             out[key] = f.tally[key]
     return out
+
+
+# The per-file steps the task plan (chiptrace.importers.tasks) runs as tasks.
+reader_for = _reader
+documents = _documents
+summarize = _summary

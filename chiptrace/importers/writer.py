@@ -46,15 +46,27 @@ class Staging:
     overlap each other and the next batch's assembly); at most WRITER_THREADS tables wait.
     """
 
-    def __init__(self, out: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        manifest: dict[str, Any],
+        *,
+        writer_id: str | None = None,
+        partition: str | None = None,
+    ) -> None:
+        """`writer_id` names the parts (a cluster task's, so a retry's replace its own);
+        `partition`: the hive folder under spans/ every part goes to (`rank=3`)."""
         self.out = Path(out)
         self._made_out = not self.out.exists()
+        self.partition = partition
         try:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create trace dir {self.out}: {e.strerror}") from e
         self.dir = self.out / f".import-{secrets.token_hex(4)}"
-        self.writer = PartWriter(self.dir, manifest=manifest, write_options=WRITE_OPTIONS)
+        self.writer = PartWriter(
+            self.dir, manifest=manifest, writer_id=writer_id, write_options=WRITE_OPTIONS
+        )
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         self._thread = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="chiptrace-parts")
@@ -79,7 +91,7 @@ class Staging:
             table = pa.Table.from_batches(self._pending)
             while len(self._writes) >= WRITER_THREADS:
                 self._writes.popleft().result()
-            self._writes.append(self._thread.submit(self.writer.write, table))
+            self._writes.append(self._thread.submit(self.writer.write, table, self.partition))
         self._pending, self._pending_rows = [], 0
 
     def _wait(self) -> None:
@@ -95,9 +107,11 @@ class Staging:
         try:
             for sub in (SPANS_DIR, MANIFEST_DIR):
                 (self.out / sub).mkdir(exist_ok=True)
-                for f in sorted((self.dir / sub).iterdir()):
-                    if not f.name.startswith("."):
-                        os.replace(f, self.out / sub / f.name)
+                for f in sorted((self.dir / sub).rglob("*")):  # hive folders: their files
+                    if f.is_file() and not f.name.startswith("."):
+                        dest = self.out / sub / f.relative_to(self.dir / sub)
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        os.replace(f, dest)
         except OSError as e:
             raise StoreError(f"cannot move the import into {self.out}: {e.strerror}") from e
         shutil.rmtree(self.dir, ignore_errors=True)

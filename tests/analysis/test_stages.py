@@ -1,0 +1,77 @@
+"""The report's stages (analysis/stages.py) give the same report however they are mapped.
+
+A runner that takes store paths (as a Dask worker does) and runs here: every stage opens
+its own DuckDB over its share of the Parquet (one rank's folder of a --partition-by rank
+store), and the report is the in-process one, key for key.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from chiptrace.analysis import TraceAnalysis
+from chiptrace.analysis.stages import rank_shares
+from chiptrace.importers import import_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+KINETO = ROOT / "tests" / "fixtures" / "kineto"
+
+
+class PathsRunner:
+    """Stages get paths, not this process's connection, as on a cluster; counts calls."""
+
+    remote = True
+    parallelism = 2  # a replay's changes split in two, as on two workers
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def map(self, name, fn, calls):
+        self.calls[name] = self.calls.get(name, 0) + len(calls)
+        return [fn(*args) for args in calls]
+
+
+@pytest.fixture(scope="module")
+def ranks4(tmp_path_factory) -> tuple[Path, Path]:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from rank_files import make_rank_files
+
+    tmp = tmp_path_factory.mktemp("ranks4")
+    files = make_rank_files(tmp / "in", 4)
+    import_trace(files, tmp / "flat")
+    import_trace(files, tmp / "hive", partition_by="rank")
+    return tmp / "flat", tmp / "hive"
+
+
+def _report(path: Path, runner=None) -> str:
+    return json.dumps(TraceAnalysis(str(path), runner=runner).report().to_dict(), default=str)
+
+
+def test_per_rank_stages_over_a_partitioned_store_give_the_same_report(ranks4):
+    _, hive = ranks4
+    assert len(rank_shares([str(hive)]) or []) == 4
+    runner = PathsRunner()
+    assert _report(hive, runner) == _report(hive)
+    assert runner.calls["rank"] == 4 and runner.calls["step"] >= 2
+    assert runner.calls["replay"] >= 1  # the what-if replays of the findings
+
+
+def test_a_store_not_partitioned_runs_one_rank_stage(ranks4):
+    flat, _ = ranks4
+    assert rank_shares([str(flat)]) is None
+    runner = PathsRunner()
+    assert _report(flat, runner) == _report(flat)
+    assert runner.calls["ranks"] == 1
+
+
+def test_a_remote_runner_needs_the_stores_paths(ranks4):
+    import chiptrace
+    from chiptrace.analysis.errors import AnalysisError
+
+    flat, _ = ranks4
+    with pytest.raises(AnalysisError, match="paths"):
+        TraceAnalysis(chiptrace.connect(flat), runner=PathsRunner())
