@@ -29,9 +29,12 @@ def _reader(path: Path, fmt: str) -> Any:
     return ChromeReader(str(path))
 
 
-def _documents(path: Path, fmt: str, staging: Staging, context: ContextCopies) -> FileFacts:
+def _documents(
+    path: Path, fmt: str, staging: Staging, context: ContextCopies | None = None
+) -> FileFacts:
     """OTLP and Jaeger files carry their own ids: their batches are final as read (but
-    Jaeger context copies, which wait for every file: see jaeger_context)."""
+    Jaeger context copies, which wait for every file: see jaeger_context; a cluster's
+    per-file task passes none and stores them as read)."""
     facts = FileFacts(path=str(path), format=fmt)
     if fmt == "otlp-json":
         from chiptrace.importers.otlp import read_otlp
