@@ -101,6 +101,8 @@ def _kind(x: RuleInput, culprit: str) -> str | None:
 
 def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Change]:
     """The candidate fixes of a finding's culprit, best first (empty: not replayable)."""
+    if f.rule == "launch-bound":  # its GPU waits on the host: a faster GPU fixes nothing
+        return {}
     if f.rule == "queue-overload":
         return {"capacity": Change(speed=dict.fromkeys(f.parts or (f.culprit,), 2.0))}
     kind = _kind(x, f.culprit)
