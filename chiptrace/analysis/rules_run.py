@@ -75,6 +75,15 @@ def _served_by(x: RuleInput, slow_ids: set[str]) -> tuple[str | None, float]:
     return (chip, share) if share >= 0.8 and overall <= 0.5 else (None, 0.0)
 
 
+def step_label(row: dict[str, Any]) -> str:
+    """A step by its number: `ProfilerStep#3` as is, a `step` span with step attribute 3
+    as `step 3`."""
+    name, number = row.get("name") or "", row.get("number")
+    if number is None or name.endswith(str(number)):
+        return name
+    return f"{name} {number}"
+
+
 def step_outliers(x: RuleInput) -> list[Finding]:
     """The slowest steps against the median, and what they spent the extra on (training
     steps only: a browser's tasks are told by `long_tasks`)."""
@@ -91,17 +100,24 @@ def step_outliers(x: RuleInput) -> list[Finding]:
     med = statistics.median(durs)
     if med <= 0:
         return []
-    slow = [
-        d
-        for d in durs
+    outliers = [
+        i
+        for i, d in enumerate(durs)
         if d >= OUTLIER * med
         and d - med >= MIN_EXTRA_NS
         and robust_z(d, durs, 0.01 * med) >= OUTLIER_Z
     ]
-    if not slow:
+    if not outliers:
         return []
+    slow = [durs[i] for i in outliers]
     worst = max(durs)
-    names = s["name"].to_pylist()
+    names = (
+        [step_label(r) for r in s.select(["name", "number"]).to_pylist()]
+        if "number" in (s.column_names)
+        else s["name"].to_pylist()
+    )
+    if set(outliers) <= _first_steps(s):
+        return [_first_step(x, names[durs.index(worst)], worst, med, len(outliers))]
     ids = s["span_id"].to_pylist()
     chip, on_chip = _served_by(x, {i for i, d in zip(ids, durs) if d >= OUTLIER * med})
     extra = _extra_on(x)
@@ -133,6 +149,37 @@ def step_outliers(x: RuleInput) -> list[Finding]:
             sev if len(slow) > 1 or sev != "high" else "medium",
         )
     ]
+
+
+def _first_steps(s: Any) -> set[int]:
+    """Row indices of each process's (rank's) first step."""
+    procs = s["proc"].to_pylist() if "proc" in s.column_names else [None] * s.num_rows
+    first: dict[Any, int] = {}
+    for i, (p, t) in enumerate(zip(procs, s["start_ns"].to_pylist(), strict=True)):
+        if p not in first or t < s["start_ns"][first[p]].as_py():
+            first[p] = i
+    return set(first.values())
+
+
+def _first_step(x: RuleInput, name: str, worst: float, med: float, n: int) -> Finding:
+    """Only the first step of each rank stands out: a warm-up (lazy set-up, allocator
+    growth, compilation, autotuning), not a recurring problem; info."""
+    return x.finding(
+        "warm-up",
+        name,
+        {
+            "first_steps_slow": n,
+            "slowest_ms": ms(worst),
+            "median_ms": ms(med),
+            "slowest_vs_median": round(worst / med, 2),
+            "extra_ms_on": _extra_on(x),
+        },
+        f"only the first step stands out ({name}, {worst / med:.0f}x the median): a warm-up "
+        f"(lazy set-up, allocation, compilation, autotuning); profile steady steps to judge "
+        f"the loop (torch.profiler.schedule(wait=1, warmup=1, ...))",
+        0.0,
+        "info",
+    )
 
 
 LONG_TASK_NS = 50_000_000  # the web's long-task threshold (the Long Tasks API): 50 ms
