@@ -28,12 +28,15 @@ from chiptrace.analysis.tables import COMPUTE_TYPES
 from chiptrace.analysis.workloads import family
 
 # Calls a run makes once, at start-up: allocation, device and stream set-up, module loads,
-# graph capture and compilation (TorchDynamo, Inductor, Triton, XLA).
+# graph instantiation, and the compiler's own work (not running compiled code: a steady
+# step under torch.compile has its "Torch-Compiled Region" and "CompiledFunction" too).
 ONE_TIME = re.compile(
     r"^(cuda|hip|cu)(Malloc|Free|HostAlloc|HostRegister|HostFree|StreamCreate|EventCreate|"
     r"DeviceGetStreamPriorityRange|GetDeviceProperties|SetDevice|Init|ModuleLoad|"
     r"DeviceSetLimit|GraphInstantiate|DeviceGetAttribute|FuncGetAttributes)"
-    r"|Torch-Compiled Region|TorchDynamo|torch\._dynamo|[Cc]ompile|[Ii]nductor|triton\.compile",
+    r"|compile_inner|call_user_compiler|compile_fx|async_compile|triton[._ ]compile"
+    r"|CachingAutotuner|autotune",
+    re.I,
 )
 DATA_LOADING = re.compile(r"DataLoader|_next_data|dataloader|data_loader|fetch_batch")
 UNTRACED = "(untraced host time)"
