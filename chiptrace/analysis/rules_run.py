@@ -194,6 +194,7 @@ SELECT CAST(name AS VARCHAR) AS name, count(*) AS n, max(end_ns - start_ns) AS l
 FROM spans_raw
 WHERE parent_span_id IS NULL AND link_id IS NULL AND coalesce(kind, 0) IN (0, 1)
   AND NOT coalesce(contains(attributes, '"kineto.cat"'), false)
+  AND json_extract_string(attributes, '$."thread.id"') IS NOT NULL
   AND end_ns - start_ns >= {limit} AND end_ns >= {lo} AND start_ns < {hi}
 GROUP BY 1 ORDER BY over DESC, name"""
 
@@ -201,8 +202,9 @@ GROUP BY 1 ORDER BY over DESC, name"""
 def long_tasks(x: RuleInput) -> list[Finding]:
     """A trace that shows no training (a browser's, a tool's): its threads' top-level
     tasks that ran 50 ms or more, each blocking its thread that long. Said in the tasks'
-    own words, at low severity: worth a look, not a training bottleneck. (A PyTorch
-    profiler trace's roots are ops and the profiler's own range, not tasks.)"""
+    own words, at low severity: worth a look, not a training bottleneck. Only spans that
+    name their thread are tasks of one (a service's requests are the endpoints' business;
+    a PyTorch profiler trace's roots are ops and the profiler's own range)."""
     t = x.tables
     if x.con is None or any(w.training for w in t.workloads):
         return []
