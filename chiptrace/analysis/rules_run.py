@@ -175,8 +175,8 @@ def _first_step(x: RuleInput, name: str, worst: float, med: float, n: int) -> Fi
             "extra_ms_on": _extra_on(x),
         },
         f"only the first step stands out ({name}, {worst / med:.0f}x the median): a warm-up "
-        f"(lazy set-up, allocation, compilation, autotuning); profile steady steps to judge "
-        f"the loop (torch.profiler.schedule(wait=1, warmup=1, ...))",
+        f"(lazy set-up, allocation, compilation, autotuning); judge the loop by its steady "
+        f"steps (skip the first: torch.profiler.schedule(wait=1, warmup=1, ...) does)",
         0.0,
         "info",
     )
