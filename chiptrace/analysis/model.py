@@ -80,8 +80,10 @@ class Finding:
 #: both a straggler and below its roofline; the straggler says what it costs the step).
 RULE_ORDER = (
     "link-down",
+    "link-avoided",
     "queue-overload",
     "straggler",
+    "critical-chip",
     "link-bound",
     "compute-bound",
     "load-imbalance",

@@ -7,7 +7,7 @@ The fix per culprit, what a user would do about it:
   a chip dealt bigger batches is not slow), its late starts against them removed; if that
   saves nothing (it is as fast as they are, or has none), the chip twice as fast, else
   every chip of its type (they share the work: Adam on both CPUs), except for findings
-  that claim it is slower than its peers (a straggler);
+  that claim it is slower or busier than its peers (a straggler, an imbalance);
 - a link: at its nominal bandwidth (a degraded link); if that saves nothing the link is
   inherently the limit, and the fix is the link twice as fast;
 - a downed link: the transfers it pushed elsewhere at their typical time again;
@@ -36,10 +36,11 @@ from chiptrace.analysis.serving import back_ends, evaluate
 from chiptrace.analysis.whatif import MAX_GRAPH_SPANS, Change
 
 INFO_BELOW = 0.01  # a fix that saves less than this share of the step is info
-REPLAY_STEPS = 16  # steps replayed per workload to price its findings
-# Rules whose claim is that a chip is slower or later than its peers: made like them, a
-# healthy chip (one dealt bigger batches) saves nothing, and the finding is info.
-LIKE_PEERS = frozenset({"straggler", "rank-straggler", "step-outliers"})
+REPLAY_STEPS = 8  # steps replayed per workload to price its findings (spread: p50 holds)
+# Rules whose claim is that a chip is slower, later or busier than its peers: made like
+# them, a healthy chip (one dealt bigger batches) saves nothing, and the finding is info
+# (rebalancing work is a change the replay does not make).
+LIKE_PEERS = frozenset({"straggler", "rank-straggler", "step-outliers", "load-imbalance"})
 
 
 def _speeds(x: RuleInput) -> dict[str, float]:
@@ -106,7 +107,13 @@ def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Chan
     if f.rule == "launch-bound":  # its GPU waits on the host: a faster GPU fixes nothing
         return {}
     if f.rule == "queue-overload":
-        return {"capacity": Change(speed=dict.fromkeys(f.parts or (f.culprit,), 2.0))}
+        parts = f.parts or (f.culprit,)
+        slow = {p: speeds[p] for p in parts if speeds.get(p, 1.0) > 1.05}
+        capacity = {"capacity": Change(speed=dict.fromkeys(parts, 2.0))}
+        if not slow:
+            return capacity
+        # A device slower than its peers overloads its own queue: like them first.
+        return {"peers": Change(speed=slow, undelay=frozenset(parts)), **capacity}
     kind = _kind(x, f.culprit)
     if f.rule == "step-outliers" and kind is None and back_ends(x.tables.steps):
         # A served request is an outlier for the time it queued behind others: no change
@@ -127,7 +134,7 @@ def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Chan
         return {}
     spec = x.tables.topology.link(f.culprit)
     nominal = spec.bandwidth if spec else 0.0
-    if f.rule == "link-down":
+    if f.rule in ("link-down", "link-avoided"):
         went = [str(v) for v in f.evidence.get("traffic_went_over") or []]
         return {"typical": Change(typical=frozenset([f.culprit, *went]))}
     if not nominal:
@@ -175,9 +182,40 @@ _HOW = {
 }
 
 
+def _link_state(x: RuleInput) -> dict[str, float]:
+    """Links the run's writers record as degraded (the emulator's `faults`; a fabric
+    manager would say the same): id -> fraction of its bandwidth."""
+    out = {}
+    for m in x.tables.manifests:
+        for f in m.get("faults") or []:
+            if isinstance(f, dict) and f.get("kind") == "degrade" and f.get("value"):
+                out[str(f.get("target"))] = float(f["value"])
+    return out
+
+
+def _not_down(x: RuleInput, found: list[Finding]) -> list[Finding]:
+    """A link that carried nothing but is recorded up at reduced bandwidth is not down:
+    routing went around it. Same culprit, said as it is."""
+    state = _link_state(x)
+    out = []
+    for f in found:
+        frac = state.get(f.culprit) if f.rule == "link-down" else None
+        if frac is None:
+            out.append(f)
+            continue
+        ev = {**f.evidence, "recorded_bandwidth_fraction": frac}
+        text = (
+            f"{f.culprit} carried nothing: it is up at {frac:.0%} of its bandwidth and routing "
+            "goes around it; fix the link (cable, lanes, link training) to get its paths back"
+        )
+        out.append(dataclasses.replace(f, rule="link-avoided", evidence=ev, suggestion=text))
+    return out
+
+
 def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> list[Finding]:
     """`found` (one workload's findings) with replayed savings, folded, most severe first;
     with `sweep`, chips no rule named that the replay says would save the step, too."""
+    found = _not_down(x, found)
     if x.con is None or not x.tables.steps.num_rows:
         return found
     speeds = _speeds(x)
@@ -193,7 +231,10 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
     out: list[Finding] = sweeping.findings(x, res, speeds)
     for i, f in enumerate(found):
         if not fixes.get(i):
-            out.append(f)
+            # Not replayable (an op, a chip type, an opportunity): its own estimate, and
+            # under 1% of the step it is info like any other.
+            small = f.step == x.workload and f.share < INFO_BELOW and f.severity != "info"
+            out.append(dataclasses.replace(f, severity="info") if small else f)
             continue
         best = next(
             (k for k in fixes[i] if res[f"{i}:{k}"]["saving_ns"] >= INFO_BELOW * x.step_ns),
@@ -205,7 +246,8 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
 
 def _evaluate(x: RuleInput, changes: dict[str, Change]) -> dict[str, dict[str, float]]:
     steps = x.tables.steps
-    if steps.num_rows > REPLAY_STEPS:
+    # Served requests all share one replay of the batches: price the mean over all of them.
+    if steps.num_rows > REPLAY_STEPS and not back_ends(steps):
         from chiptrace.analysis.whatif import spread
 
         steps = steps.take(spread(steps.num_rows, REPLAY_STEPS))

@@ -6,7 +6,9 @@ culprit whose symptom is small or hidden (a straggler in a mixed run, a slow NPU
 requests queue). Here every chip that has peers (others of its type in the workload) is
 replayed at its peers' median speed per unit of work with its late starts removed; one
 that saves at least MIN_SHARE of the step and that no finding names yet becomes a
-`straggler` finding (found by the replay, its saving that replay's).
+`straggler` finding (found by the replay, its saving that replay's). A chip with no peers
+(pcie8's one DPU) is replayed twice as fast instead: one the step waits for is a
+`critical-chip` finding.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ def candidates(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> 
             by_type[r["chip_type"]].append(r["chip_id"])
     out = {}
     for chips in by_type.values():
-        if len(chips) < 2:
+        if len(chips) < 2:  # no peers: is it what the step waits for? twice as fast
+            if chips[0] not in named:
+                out[f"sweep:{chips[0]}"] = Change(speed={chips[0]: 2.0})
             continue
         for c in chips:
             if c in named:
@@ -50,6 +54,9 @@ def findings(
         if not key.startswith("sweep:") or r["saving_ns"] < MIN_SHARE * x.step_ns:
             continue
         chip = key.split(":", 1)[1]
+        if chip not in speeds:  # the only one of its type: the step waits for it
+            out.append(_critical(x, chip, r["saving_ns"]))
+            continue
         k = speeds.get(chip, 1.0)
         what = (
             f"does the same work {k:.2f}x slower than its peers"
@@ -72,3 +79,18 @@ def findings(
             )
         )
     return out
+
+
+def _critical(x: RuleInput, chip: str, saving: float) -> Finding:
+    return x.finding(
+        "critical-chip",
+        chip,
+        {
+            "found_by": "replay",
+            "what_if": "the chip twice as fast",
+            "saving_ms": round(saving / 1e6, 4),
+        },
+        f"{chip} is the only chip of its type here and the step waits for it: twice as fast, "
+        f"the step saves {saving / 1e6:,.2f} ms; give its work more capacity or move some of it",
+        saving,
+    )

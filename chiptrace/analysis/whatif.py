@@ -24,6 +24,7 @@ emulator can check it (benchmarks/bench_culprits.py re-runs the fault-free run).
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -163,11 +164,22 @@ def _owner(n: Node) -> str | None:
 
 
 def _waits(g: StepGraph) -> list[float]:
-    """How long each node started after everything it follows had ended."""
+    """How long each node started after everything it follows had ended, and after its
+    chip last finished work (a batch's input waiting on a free device)."""
     ends = [n.end for n in g.nodes]
+    free: dict[str, list[int]] = defaultdict(list)
+    for n in g.nodes:
+        if n.chip and not n.link:
+            free[n.chip].append(n.end)
+    for v in free.values():
+        v.sort()
     out = []
     for i, n in enumerate(g.nodes):
         before = [ends[j] for j, _ in g.preds[i]] + [ends[j] for j in g.after[i]]
+        own = free.get(_owner(n) or "", [])
+        k = bisect.bisect_right(own, n.start) - 1
+        if k >= 0:
+            before.append(own[k])
         out.append(float(n.start - max(before, default=g.start_ns)))
     return out
 

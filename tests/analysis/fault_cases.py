@@ -149,6 +149,7 @@ class Outcome:
     claimed: float | None = None
     findings: list[Any] = field(default_factory=list)
     peer: str = ""
+    checked: list[tuple[float, float]] = field(default_factory=list)  # (claimed, emulated)
 
     @property
     def moved(self) -> float:

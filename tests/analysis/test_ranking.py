@@ -60,3 +60,20 @@ def test_the_sweep_finds_a_straggler_in_a_mixed_run(tmp_path: Path) -> None:
     f = found[0]
     assert (f.rule, f.culprit, f.step) == ("straggler", "gpu:3", "train_step"), found[:3]
     assert f.evidence["found_by"] == "replay" and 2e6 < f.saving_ns < 5e6
+
+
+def test_a_degraded_link_routing_avoids_is_not_called_down(tmp_path: Path) -> None:
+    """Routing goes around a link at 7.5% of its bandwidth: it carried nothing, but the run
+    records it up, so it is `link-avoided`, never `link-down`; a downed link stays down."""
+    opts = {"rate": 400, "layers": 8, "efficiency": "ideal"}
+    fault = "degrade:pcie5:nic:0-cpu:0:0.075"
+    out = _emulate(
+        tmp_path / "d", workload="infer", steps=80, seed=840, options=opts, faults=[fault]
+    )
+    found = TraceAnalysis(out).findings()
+    assert not [f for f in found if f.rule == "link-down"]
+    (f,) = [f for f in found if f.rule == "link-avoided"]
+    assert f.culprit == "pcie5:nic:0-cpu:0" and f.evidence["recorded_bandwidth_fraction"] == 0.075
+    down = _emulate(tmp_path / "n", steps=2, seed=3, faults=["down:nvlink6:gpu:4-switch:0"])
+    top = TraceAnalysis(down).findings()[0]
+    assert (top.rule, top.culprit) == ("link-down", "nvlink6:gpu:4-switch:0")
