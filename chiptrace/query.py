@@ -231,15 +231,8 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
             return pa.table({})
         return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
     except duckdb.Error as e:
-        lines = str(e).strip().splitlines()
-        first = lines[0] if lines else type(e).__name__
-        # DuckDB's hint ('Did you mean "spans"?') is the way out: kept, on the same line.
-        hints = [
-            h.strip()
-            for h in lines[1:]
-            if h.strip().startswith(("Did you mean", "Candidate bindings"))
-        ]
-        raise QueryError(f"SQL error: {' '.join([first, *hints])}") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise QueryError(f"SQL error: {first}") from e
 
 
 def format_cell(value: object, null: str = "NULL") -> str:

@@ -16,6 +16,7 @@ DESCRIPTION = (
     "Views: spans, spans_raw, chips, links, runs, metrics, plus the analysis macros (see docs/sql.md)."
 )
 FORMATS = ("table", "csv", "json", "parquet")
+_HINTS = ("Did you mean", "Candidate bindings")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,9 +121,19 @@ def run(args: argparse.Namespace) -> int:
         table = run_sql(con, args.sql)
     except QueryError as e:
         if not is_data_error(e):
-            raise
+            raise _with_hints(e) from e.__cause__
         # A data page that does not decode (the footer was fine): find the part, skip it
         # with a warning, and answer from the rest.
         table = run_sql(connect(args.dirs, verify=True), args.sql)
     write_result(table, args.format, args.output, args.max_rows)
     return 0
+
+
+def _with_hints(error: Exception) -> Exception:
+    """The SQL error with DuckDB's hints (`Did you mean "spans"?`, `Candidate bindings:`),
+    which run_sql's first line leaves out: they are the way to the right query."""
+    lines = str(error.__cause__ or "").strip().splitlines()
+    hints = [h.strip() for h in lines[1:] if h.strip().startswith(_HINTS)]
+    if not hints:
+        return error
+    return type(error)(" ".join([str(error), *hints]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import sys
 import threading
 import time
@@ -69,12 +70,18 @@ def run(args: argparse.Namespace) -> int:
     from chiptrace.cli._runs import check_given, pick
 
     directory = Path(args.dir)
-    if args.run:  # one of the runs in DIR (or DIR itself)
+    if args.run:  # one of the runs in DIR (or DIR itself, or the glob's)
         inside = directory.is_dir() and not (directory / "spans").is_dir()
         found = pick([str(directory / "*") if inside else str(directory)], args.run, "view")
         directory = Path(found[0].dirs[0])
     else:
         check_given([args.dir], "view", several=False)
+        runs = pick([args.dir], None, "view") if glob.has_magic(args.dir) else []
+        if len(runs) > 1:  # the viewer follows one run
+            listed = "; ".join(r.describe() for r in runs)
+            raise ViewArgumentError(f"{args.dir}: {len(runs)} runs ({listed}): add --run ID")
+        if runs:
+            directory = Path(runs[0].dirs[0])
     if directory.exists() and not directory.is_dir():
         raise StoreError(f"{args.dir}: expected a trace directory, not a file")
     if args.replay is not None and args.replay <= 0:

@@ -150,7 +150,7 @@ def _file_summary(f: FileFacts) -> dict[str, Any]:
     if f.categories:
         out["categories"] = dict(sorted(f.categories.items()))
     if f.format == "kineto":
-        from chiptrace.importers.kineto_map import unrecognised
+        from chiptrace.importers.categories import unrecognised
 
         unknown = unrecognised(f.categories)
         if unknown:  # stored as host work on cpu:0: said, never silent

@@ -163,6 +163,12 @@ def test_query_of_several_runs_says_so_and_takes_run(two_runs, capsys):
 def test_view_takes_run(two_runs, capsys):
     code, out, _ = _run(capsys, "view", str(two_runs), "--run", "first", "--no-ui")
     assert code == 0 and "6 spans" in out
+    code, _, err = _run(capsys, "view", str(two_runs / "*"), "--no-ui")
+    assert code == 2 and "2 runs" in _one_line_error(err) and "--run ID" in err
+    code, out, _ = _run(capsys, "view", str(two_runs / "*"), "--run", "second", "--no-ui")
+    assert code == 0 and "6 spans" in out
+    code, out, _ = _run(capsys, "view", str(two_runs / "f*"), "--no-ui")
+    assert code == 0 and "6 spans" in out
 
 
 def test_query_errors_keep_duckdbs_hints_and_empty_sql_is_one_line(two_runs, capsys):
