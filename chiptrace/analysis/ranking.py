@@ -102,9 +102,15 @@ def _kind(x: RuleInput, culprit: str) -> str | None:
     return None
 
 
+# Rules that name a chip whose fix lies elsewhere: a GPU idle for its host's launches
+# (the host is what to speed up), a rank late at the collectives of an imported trace
+# (its delay is before the step's first span). They keep their own estimate.
+OWN_ESTIMATE = frozenset({"launch-bound", "rank-straggler"})
+
+
 def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Change]:
     """The candidate fixes of a finding's culprit, best first (empty: not replayable)."""
-    if f.rule == "launch-bound":  # its GPU waits on the host: a faster GPU fixes nothing
+    if f.rule in OWN_ESTIMATE:
         return {}
     if f.rule == "queue-overload":
         parts = f.parts or (f.culprit,)
