@@ -35,9 +35,11 @@ and step roots), far less on a live store of minutes. Findings are frozen datacl
 `Finding.key` (rule, culprit) across refreshes.
 
 Rules (RULES): straggler, load-imbalance, compute-bound / memory-bound (roofline),
-precision-opportunity, starvation, link-bound, link-down, latency-bound, poor-overlap,
-step-outliers, dropped-spans, host-contention, error-rate / tail-latency (docs/sql.md has
-the table). Each finding says what fixing it would save per step; severity is high /
+precision-opportunity, starvation, link-bound, link-down, latency-bound, pageable-copy,
+poor-overlap, exposed-comm, launch-bound, host-bound / data-loading, warm-up,
+rank-straggler, step-outliers, long-tasks, queue-overload, dropped-spans, host-contention,
+error-rate / tail-latency (docs/sql.md has the table). Steps are per rank, and step rules
+apply only where the trace shows training (`per_step.WorkloadTables.training`). Each finding says what fixing it would save per step; severity is high /
 medium / low / info, mostly from that saving's share of the step (>= 10% high, >= 3% medium).
 """
 

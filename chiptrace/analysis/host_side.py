@@ -28,12 +28,15 @@ from chiptrace.analysis.tables import COMPUTE_TYPES
 from chiptrace.analysis.workloads import family
 
 # Calls a run makes once, at start-up: allocation, device and stream set-up, module loads,
-# graph capture and compilation (TorchDynamo, Inductor, Triton, XLA).
+# graph instantiation, and the compiler's own work (not running compiled code: a steady
+# step under torch.compile has its "Torch-Compiled Region" and "CompiledFunction" too).
 ONE_TIME = re.compile(
     r"^(cuda|hip|cu)(Malloc|Free|HostAlloc|HostRegister|HostFree|StreamCreate|EventCreate|"
     r"DeviceGetStreamPriorityRange|GetDeviceProperties|SetDevice|Init|ModuleLoad|"
     r"DeviceSetLimit|GraphInstantiate|DeviceGetAttribute|FuncGetAttributes)"
-    r"|Torch-Compiled Region|TorchDynamo|torch\._dynamo|[Cc]ompile|[Ii]nductor|triton\.compile",
+    r"|compile_inner|call_user_compiler|compile_fx|async_compile|triton[._ ]compile"
+    r"|CachingAutotuner|autotune",
+    re.I,
 )
 DATA_LOADING = re.compile(r"DataLoader|_next_data|dataloader|data_loader|fetch_batch")
 UNTRACED = "(untraced host time)"
@@ -166,8 +169,16 @@ def _prev_ends(x: RuleInput) -> list[dict[str, int]]:
     """Per sampled step, per GPU/NPU: the end of device work that started before the step
     and was still running at its start (a GPU behind its host). One query."""
     out: list[dict[str, int]] = [{} for _ in x.steps]
-    if x.con is None or not x.steps:
+    launched = any(
+        '"launch"' in (sp["links"] or "")
+        for st in x.steps
+        for sp in st.spans
+        if sp["chip_type"] in COMPUTE_TYPES
+    )
+    if x.con is None or not launched:  # no launched device work: nothing to wait for
         return out
+    # work still running at a step's start began at most a few steps before it
+    reach = min(PREV_REACH_NS, 4 * max(st.duration_ns for st in x.steps))
     starts = pa.table(
         {"i": list(range(len(x.steps))), "t": [st.start_ns for st in x.steps]},
         schema=pa.schema([("i", pa.int64()), ("t", pa.int64())]),
@@ -175,8 +186,8 @@ def _prev_ends(x: RuleInput) -> list[dict[str, int]]:
     name = f"_ct_starts_{secrets.token_hex(4)}"
     x.con.register(name, starts)
     try:
-        lo = min(st.start_ns for st in x.steps) - PREV_REACH_NS
-        q = _PREV_SQL.format(starts=name, reach=PREV_REACH_NS, lo=lo)
+        lo = min(st.start_ns for st in x.steps) - reach
+        q = _PREV_SQL.format(starts=name, reach=reach, lo=lo)
         for i, chip, end in x.con.sql(q).fetchall():
             out[int(i)][chip] = int(end)
     finally:

@@ -55,7 +55,9 @@ def _speeds(x: RuleInput) -> dict[str, float]:
         "CAST(name AS VARCHAR) n, CAST(op_precision AS VARCHAR) p, "
         "sum(end_ns - start_ns)::DOUBLE d, sum(coalesce(op_flops, 0))::DOUBLE f, "
         "sum(coalesce(op_bytes, 0))::DOUBLE b, count(*)::DOUBLE k "
+        # a collective's kernel runs until the last rank arrives: waiting, not work
         f"FROM spans_raw WHERE chip_id IS NOT NULL AND link_id IS NULL "
+        "AND op_kind IS DISTINCT FROM 'comm' "
         f"AND start_ns >= {int(t.lo)} AND start_ns < {int(t.hi)} GROUP BY ALL"
     ).fetchall()
     per: dict[tuple[str, str], dict[str, tuple[float, float]]] = defaultdict(dict)

@@ -214,7 +214,11 @@ def render_html(d: dict[str, Any]) -> str:
         "<h2>Steps</h2>",
         _rows_table(
             [
-                {k: w.get(k) for k in ("step", "steps", "step_ms_p50", "step_ms_p99", "reason")}
+                {
+                    k: w.get(k)
+                    for k in ("step", "training", "steps", "ranks", "step_ms_p50", "step_ms_p99")
+                }
+                | {"reason": w.get("reason")}
                 for w in d.get("workloads") or []
             ],
             "No steps found (no span has children); --step GLOB names them.",
@@ -230,14 +234,23 @@ def render_html(d: dict[str, Any]) -> str:
         if cp
         else "",
         breakdown_svg(shares),
+        "<p>gap: time on the path no traced span covers (untraced code, waits outside the "
+        "trace, a GPU idle between kernels).</p>"
+        if cp and "gap" in cp["by_chip_type"]
+        else "",
         *_median_section(d.get("critical_path_median"), cp),
         *_kernels_section(d.get("kernels") or {}),
         *_optional("Launch queue per rank and stream (HTA's definitions)", d.get("launch")),
         "<h2>Chips</h2>",
         _rows_table(d.get("chips", []), "No chip-tagged spans."),
         "<h2>Links</h2>",
+        "<p>bandwidth_GBps empty: no topology gives the link's bandwidth; the peak is "
+        "unknown and the link is not judged saturated.</p>"
+        if any(r.get("bandwidth_GBps") is None for r in d.get("links") or [])
+        else "",
         _rows_table(d.get("links", []), "No link transfers."),
         *_optional("Endpoints", d.get("endpoints")),
+        *_optional("Time by process, thread and span (self time)", d.get("time_breakdown")),
     ]
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"

@@ -107,17 +107,20 @@ def _saving(x: RuleInput, lost_ns: float) -> float:
 
 
 def slow_links(x: RuleInput) -> list[Finding]:
-    """A link far slower than links of its type, in every direction it carries data."""
+    """A link far slower than links of its type, in every direction it carries data
+    (only a link whose bandwidth the topology gives)."""
     t = x.tables
     links = [r for r in x.link_rows() if r["busy_ns"] > 0 and r["bytes"]]
     cands = _slow_candidates(links)
     explained = _explained(x, cands)
     out = []
     for link_id, p in cands.items():
-        if link_id in explained:
+        nominal = t.topology.bandwidth(link_id)
+        # Without its bandwidth a link is not judged: slower than its peers may be what it
+        # carried (pageable copies, small messages), not the link.
+        if link_id in explained or not nominal:
             continue
         lost = p["busy"] * (1 - 1 / p["slower"])
-        nominal = t.topology.bandwidth(link_id)
         f = x.finding(
             "link-bound",
             link_id,

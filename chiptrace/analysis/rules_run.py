@@ -75,6 +75,15 @@ def _served_by(x: RuleInput, slow_ids: set[str]) -> tuple[str | None, float]:
     return (chip, share) if share >= 0.8 and overall <= 0.5 else (None, 0.0)
 
 
+def step_label(row: dict[str, Any]) -> str:
+    """A step by its number: `ProfilerStep#3` as is, a `step` span with step attribute 3
+    as `step 3`."""
+    name, number = row.get("name") or "", row.get("number")
+    if number is None or name.endswith(str(number)):
+        return name
+    return f"{name} {number}"
+
+
 def step_outliers(x: RuleInput) -> list[Finding]:
     """The slowest steps against the median, and what they spent the extra on (training
     steps only: a browser's tasks are told by `long_tasks`)."""
@@ -91,17 +100,24 @@ def step_outliers(x: RuleInput) -> list[Finding]:
     med = statistics.median(durs)
     if med <= 0:
         return []
-    slow = [
-        d
-        for d in durs
+    outliers = [
+        i
+        for i, d in enumerate(durs)
         if d >= OUTLIER * med
         and d - med >= MIN_EXTRA_NS
         and robust_z(d, durs, 0.01 * med) >= OUTLIER_Z
     ]
-    if not slow:
+    if not outliers:
         return []
+    slow = [durs[i] for i in outliers]
     worst = max(durs)
-    names = s["name"].to_pylist()
+    names = (
+        [step_label(r) for r in s.select(["name", "number"]).to_pylist()]
+        if "number" in (s.column_names)
+        else s["name"].to_pylist()
+    )
+    if set(outliers) <= _first_steps(s):
+        return [_first_step(x, names[durs.index(worst)], worst, med, len(outliers))]
     ids = s["span_id"].to_pylist()
     chip, on_chip = _served_by(x, {i for i, d in zip(ids, durs) if d >= OUTLIER * med})
     extra = _extra_on(x)
@@ -135,6 +151,37 @@ def step_outliers(x: RuleInput) -> list[Finding]:
     ]
 
 
+def _first_steps(s: Any) -> set[int]:
+    """Row indices of each process's (rank's) first step."""
+    procs = s["proc"].to_pylist() if "proc" in s.column_names else [None] * s.num_rows
+    first: dict[Any, int] = {}
+    for i, (p, t) in enumerate(zip(procs, s["start_ns"].to_pylist(), strict=True)):
+        if p not in first or t < s["start_ns"][first[p]].as_py():
+            first[p] = i
+    return set(first.values())
+
+
+def _first_step(x: RuleInput, name: str, worst: float, med: float, n: int) -> Finding:
+    """Only the first step of each rank stands out: a warm-up (lazy set-up, allocator
+    growth, compilation, autotuning), not a recurring problem; info."""
+    return x.finding(
+        "warm-up",
+        name,
+        {
+            "first_steps_slow": n,
+            "slowest_ms": ms(worst),
+            "median_ms": ms(med),
+            "slowest_vs_median": round(worst / med, 2),
+            "extra_ms_on": _extra_on(x),
+        },
+        f"only the first step stands out ({name}, {worst / med:.0f}x the median): a warm-up "
+        f"(lazy set-up, allocation, compilation, autotuning); judge the loop by its steady "
+        f"steps (skip the first: torch.profiler.schedule(wait=1, warmup=1, ...) does)",
+        0.0,
+        "info",
+    )
+
+
 LONG_TASK_NS = 50_000_000  # the web's long-task threshold (the Long Tasks API): 50 ms
 # Top-level work of a thread: a root span of internal kind (a request is a server span:
 # its latency is the endpoints' business), longer than the threshold, by name.
@@ -147,6 +194,7 @@ SELECT CAST(name AS VARCHAR) AS name, count(*) AS n, max(end_ns - start_ns) AS l
 FROM spans_raw
 WHERE parent_span_id IS NULL AND link_id IS NULL AND coalesce(kind, 0) IN (0, 1)
   AND NOT coalesce(contains(attributes, '"kineto.cat"'), false)
+  AND json_extract_string(attributes, '$."thread.id"') IS NOT NULL
   AND end_ns - start_ns >= {limit} AND end_ns >= {lo} AND start_ns < {hi}
 GROUP BY 1 ORDER BY over DESC, name"""
 
@@ -154,8 +202,9 @@ GROUP BY 1 ORDER BY over DESC, name"""
 def long_tasks(x: RuleInput) -> list[Finding]:
     """A trace that shows no training (a browser's, a tool's): its threads' top-level
     tasks that ran 50 ms or more, each blocking its thread that long. Said in the tasks'
-    own words, at low severity: worth a look, not a training bottleneck. (A PyTorch
-    profiler trace's roots are ops and the profiler's own range, not tasks.)"""
+    own words, at low severity: worth a look, not a training bottleneck. Only spans that
+    name their thread are tasks of one (a service's requests are the endpoints' business;
+    a PyTorch profiler trace's roots are ops and the profiler's own range)."""
     t = x.tables
     if x.con is None or any(w.training for w in t.workloads):
         return []

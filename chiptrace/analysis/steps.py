@@ -193,8 +193,11 @@ def whole_trace(con: Any, lo: int, hi: int) -> Step:
         if d["chip_id"] is not None and d["chip_type"] is None:
             d["chip_type"] = type_of_chip(d["chip_id"], None)
         spans.append(d)
-    start = min((s["start_ns"] for s in spans), default=lo)
-    end = max((s["end_ns"] for s in spans), default=start)
+    # The extent of the work (on chips, links), not of a span around everything (the
+    # profiler's own range), else of every span.
+    work = [s for s in spans if s["chip_id"] or s["link_id"]] or spans
+    start = min((s["start_ns"] for s in work), default=lo)
+    end = max((s["end_ns"] for s in work), default=start)
     return Step("", "", "(whole trace)", int(start), int(max(end, start)), tuple(spans))
 
 

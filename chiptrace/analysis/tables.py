@@ -133,6 +133,7 @@ _NO_STEPS = pa.schema(
         ("end_ns", _I),
         ("links", _S),
         ("proc", _S),
+        ("number", _I),
     ]
 ).empty_table()
 

@@ -235,7 +235,11 @@ class TraceAnalysis:
         launched = any(r["op_kind"] == "launch" for r in t.chip_ops.to_pylist())
         if not launched or not self.sample_steps or t.spans > SAMPLE_SPANS:
             return RuleInput(tw, con=self.con, stages=self._stages)
-        return RuleInput(tw, [whole_trace(self.con, t.lo, t.hi)], con=self.con, stages=self._stages)
+        whole = whole_trace(self.con, t.lo, t.hi)
+        # shares are of the work's extent: a profiler's range around it is not the step
+        return RuleInput(
+            tw, [whole], [], float(whole.duration_ns), con=self.con, stages=self._stages
+        )
 
     @cached_property
     def _stages(self) -> Stages:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chiptrace.analysis.metrics import HOST_COLLECTIVE
 from chiptrace.analysis.stepgraph import JOIN, Node, StepGraph
 from chiptrace.topology import Topology
 
@@ -206,11 +207,18 @@ def _peer_offsets(g: StepGraph, chips: frozenset[str]) -> dict[int, float]:
     return out
 
 
+COLLECTIVES = (*HOST_COLLECTIVE, "ncclKernel", "ncclDevKernel", "rccl")
+
+
 def durations(g: StepGraph, change: Change, topo: Topology) -> list[float]:
     """Every node's duration under the change."""
     dur = [float(n.dur) for n in g.nodes]
     for i, n in enumerate(g.nodes):
-        k = None if n.link or n.name == JOIN else _matches(change.speed, n.chip, n.chip_type)
+        # A collective (an NCCL kernel, the host's gloo:all_reduce) lasts until its peers
+        # arrive: a faster chip does not shorten the wait.
+        if n.link or n.name == JOIN or n.name.startswith(COLLECTIVES):
+            continue
+        k = _matches(change.speed, n.chip, n.chip_type)
         if k:
             dur[i] = n.dur / float(k)
     for i, d in _typical_durations(g, change.typical).items():

@@ -43,6 +43,13 @@ _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 _PROFILER_REASON = "the PyTorch profiler's step markers ({n} spans named ProfilerStep#N)"
 _NUMBERED = re.compile(r"^(.*\D)(\d+)$", re.S)
 _STEP_ATTR = r'"(?:[^"]*[._])?(?:step|iteration)"\s*:\s*-?[0-9]'
+_STEP_NUMBER = r'"(?:[^"]*[._])?(?:step|iteration)"\s*:\s*(-?[0-9]+)'
+# A step's number: its step attribute, else the trailing number of its name (ProfilerStep#3).
+NUMBER_SQL = (
+    f"coalesce(TRY_CAST(nullif(regexp_extract({{r}}attributes, '{_STEP_NUMBER}', 1), '') "
+    "AS BIGINT), TRY_CAST(nullif(regexp_extract(CAST({r}name AS VARCHAR), '([0-9]+)$', 1), '') "
+    "AS BIGINT))"
+)
 # A profiler's operator or runtime call (Kineto's `cpu_op`, `cuda_runtime`...): library work
 # inside a step, never the step itself, however often it repeats.
 _OP_CALL = r'"kineto[.]cat"\s*:\s*"(?:cpu_op|cuda_driver|[a-z0-9_]*_runtime)"'
@@ -115,7 +122,8 @@ def candidates(con: Any) -> Any:
                coalesce(regexp_matches(s.attributes, '{_STEP_ATTR}'), false) AS attr,
                coalesce(regexp_matches(s.attributes, '{_OP_CALL}'), false) AS op_call,
                s.chip_id IS NOT NULL AS on_chip, s.link_id IS NOT NULL AS on_link,
-               p.chip_child, p.link_child, {proc_sql("s")} AS proc"""
+               p.chip_child, p.link_child, {proc_sql("s")} AS proc,
+               {NUMBER_SQL.format(r="s.")} AS number"""
     # Parents off the links first: finding a span by id reads every span id (the largest
     # column), and an nvl72 run is 99.9% link transfers, none of them a parent. Those
     # only are probed for the ids still missing, which are usually none.
@@ -327,13 +335,14 @@ def choose_glob(con: Any, where: str, pattern: str, max_workloads: int = MAX_WOR
 
 def step_rows(con: Any, choice: StepChoice, where: str, tmp: str | None) -> pa.Table:
     """The steps of one workload: trace_id, span_id (hex), name, start_ns, end_ns, links,
-    proc (the process or rank that ran it, `proc_sql`); a span nested in another step of
-    the same workload belongs to that one."""
+    proc (the process or rank that ran it, `proc_sql`), number (its step attribute, else
+    its name's trailing number); a span nested in another step of the same workload
+    belongs to that one."""
     src = (
         tmp
         or f"""(SELECT trace_id, span_id, parent_span_id, CAST(name AS VARCHAR) AS name,
                              start_ns, greatest(end_ns, start_ns) AS end_ns, links,
-                             {proc_sql()} AS proc
+                             {proc_sql()} AS proc, {NUMBER_SQL.format(r="")} AS number
                       FROM spans_raw WHERE {where})"""
     )
     with _registered(con, choice.names) as names:
@@ -342,7 +351,7 @@ def step_rows(con: Any, choice: StepChoice, where: str, tmp: str | None) -> pa.T
             f"""
             WITH m AS MATERIALIZED (SELECT c.* FROM {src} c SEMI JOIN {names} n ON c.name = n.name)
             SELECT lower(hex(m.trace_id)) AS trace_id, lower(hex(m.span_id)) AS span_id,
-                   m.name, m.start_ns, m.end_ns, m.links, m.proc
+                   m.name, m.start_ns, m.end_ns, m.links, m.proc, m.number
             FROM m ANTI JOIN m AS pm ON pm.span_id = m.parent_span_id AND pm.trace_id = m.trace_id
             ORDER BY m.start_ns, m.span_id""",
         )

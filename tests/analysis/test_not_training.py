@@ -109,3 +109,32 @@ def test_the_same_loop_with_a_step_attribute_is_training(builder, tmp_path):
         r["attributes"] = json.dumps({"step": r["start_ns"]}) if not r["parent_span_id"] else None
     rep = TraceAnalysis(builder.write(tmp_path / "run")).report().to_dict()
     assert rep["workloads"][0]["training"] is True and rep["critical_path"] is not None
+
+
+def _loop(builder, slow_step: int, tmp_path):
+    """8 steps of a `train_step` span with a step attribute, 10 ms each on gpu:0, one 20x."""
+    t = 0
+    for i in range(8):
+        dur = 200_000 if i == slow_step else 10_000
+        tr = builder.new_trace()
+        root = builder.span("train_step", t, t + dur, trace=tr)
+        builder.span("fwd", t + 10, t + dur - 10, trace=tr, parent=root, chip="gpu:0")
+        t += dur + 100
+    for r in builder.rows:
+        r["attributes"] = None
+    roots = [r for r in builder.rows if not r["parent_span_id"]]
+    for i, r in enumerate(roots):
+        r["attributes"] = json.dumps({"step": i})
+    return TraceAnalysis(builder.write(tmp_path / "run")).findings()
+
+
+def test_only_the_first_step_slow_is_a_warm_up(builder, tmp_path):
+    found = {f.rule: f for f in _loop(builder, 0, tmp_path)}
+    assert "step-outliers" not in found
+    assert found["warm-up"].severity == "info" and found["warm-up"].culprit == "train_step 0"
+
+
+def test_a_slow_later_step_is_an_outlier_named_by_number(builder, tmp_path):
+    found = {f.rule: f for f in _loop(builder, 5, tmp_path)}
+    assert found["step-outliers"].evidence["slowest_step"] == "train_step 5"
+    assert "warm-up" not in found

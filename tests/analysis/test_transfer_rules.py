@@ -93,3 +93,38 @@ def test_pageable_copies_are_told_to_pin(builder, tmp_path):
     assert "pin" in f.suggestion and f.evidence["pinned_GBps"] == round(pin_rate, 3)
     assert abs(f.saving_ns / 1e3 - (pg_us - pg_bytes / pin_rate / 1e3)) < 1  # one run, one step
     assert not [f for f in TraceAnalysis(store).findings() if f.rule == "latency-bound"]
+
+
+def _four_links(b: TraceBuilder) -> None:
+    """Bulk copies to four GPUs, both ways; gpu:2's link 5x slower."""
+    t = b.new_trace()
+    for g in range(4):
+        dur = 5_000 if g == 2 else 1_000
+        for i in range(20):
+            for src, dst in (("cpu:0", f"gpu:{g}"), (f"gpu:{g}", "cpu:0")):
+                at = i * 20_000 + (0 if src == "cpu:0" else 10_000)
+                b.span(
+                    "copy",
+                    at,
+                    at + dur,
+                    trace=t,
+                    link=f"pcie4:cpu:0-gpu:{g}",
+                    src=src,
+                    dst=dst,
+                    nbytes=8 << 20,
+                    op="memcpy",
+                )
+
+
+def test_a_slow_link_is_judged_only_with_its_bandwidth(builder, tmp_path):
+    _four_links(builder)
+    plain = builder.write(tmp_path / "plain")
+    assert not [f for f in TraceAnalysis(plain).findings() if f.rule == "link-bound"]
+    topo = {
+        "links": [
+            {"id": f"pcie4:cpu:0-gpu:{g}", "type": "pcie4", "bandwidth_Bps": 32e9} for g in range(4)
+        ]
+    }
+    known = builder.write(tmp_path / "known", {"topology": topo})
+    found = [f for f in TraceAnalysis(known).findings() if f.rule == "link-bound"]
+    assert [f.culprit for f in found] == ["pcie4:cpu:0-gpu:2"]
