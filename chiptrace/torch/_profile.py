@@ -11,6 +11,7 @@ and nothing more; `wait()`, `chiptrace.shutdown()` or the process's exit wait fo
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -179,9 +180,13 @@ class profile:  # noqa: N801 - used like torch.profiler.profile
         else:
             path = out / f".torch-{os.getpid()}-{n}.json"
         try:
+            # The store's folder is made lazily, at the recorder's first flush (a light
+            # start): the profiler's file may come first.
+            path.parent.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(path))
         except Exception as e:  # noqa: BLE001 - the traced program goes on; counted
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
             self._done({"error": f"export failed: {e}"})
             return
         spans.note_open()  # the spans open on this thread now enclose the whole window

@@ -113,7 +113,8 @@ def test_a_trace_that_cannot_be_imported_is_counted_and_the_program_goes_on(
 
     with chiptrace.torch.profile() as prof:
         train_step()
-        shutil.rmtree(trace_dir)  # nowhere to export the trace to
+        shutil.rmtree(trace_dir)  # nowhere to export the trace to: a file where the dir was
+        trace_dir.write_text("")
     assert prof.wait(60)
     assert (prof.traces_imported, prof.traces_failed) == (0, 1)
     assert "profiler trace not imported" in caplog.text
