@@ -36,6 +36,10 @@ from chiptrace.analysis.serving import back_ends, evaluate
 from chiptrace.analysis.whatif import MAX_GRAPH_SPANS, Change
 
 INFO_BELOW = 0.01  # a fix that saves less than this share of the step is info
+# What a trace can resolve: each span costs its tracer about a microsecond (chiptrace's
+# @trace 0.8-3 us, a profiler's event about as much: benchmarks/bench_hotpath.py), so a
+# saving under a microsecond per span of the step is within the trace's own cost.
+RESOLUTION_NS_PER_SPAN = 1_000
 REPLAY_STEPS = 8  # steps replayed per workload to price its findings (spread: p50 holds)
 # Rules whose claim is that a chip is slower, later or busier than its peers: made like
 # them, a healthy chip (one dealt bigger batches) saves nothing, and the finding is info
@@ -249,6 +253,22 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
         )
         out.append(_priced(x, f, res[f"{i}:{best}"]["saving_ns"], _HOW[best]))
     return _fold(x, out, speeds)
+
+
+def below_resolution(x: RuleInput, found: list[Finding]) -> list[Finding]:
+    """`found` with any saving the trace cannot resolve (under RESOLUTION_NS_PER_SPAN per
+    span of its step: a toy loop's microseconds) made info: the tracer's own cost is as big.
+    An emulated run's spans cost nothing to record: it has no such floor."""
+    if not x.step_p50_ns or any(m.get("source") == "emulator" for m in x.tables.manifests):
+        return found
+    floor = RESOLUTION_NS_PER_SPAN * x.tables.spans / x.n_steps
+    out = []
+    for f in found:
+        if f.step == x.workload and f.severity != "info" and 0 < f.saving_ns < floor:
+            ev = {**f.evidence, "below_resolution_ms": round(floor / 1e6, 6)}
+            f = dataclasses.replace(f, severity="info", evidence=ev)
+        out.append(f)
+    return out
 
 
 def _evaluate(x: RuleInput, changes: dict[str, Change]) -> dict[str, dict[str, float]]:

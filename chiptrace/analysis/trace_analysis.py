@@ -24,7 +24,7 @@ from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.errors import AnalysisError
 from chiptrace.analysis.kernels import kernel_breakdown
 from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
-from chiptrace.analysis.ranking import replay_savings
+from chiptrace.analysis.ranking import below_resolution, replay_savings
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.stages import InProcess, Runner, Stages, rank_figures, sampled_steps
@@ -293,7 +293,8 @@ class TraceAnalysis:
         for x in self.inputs:
             # Each finding priced by replaying the steps with its culprit fixed (ranking.py).
             # A chosen subset of rules gets no sweep (sweep.py): only what was asked for.
-            out += replay_savings(x, run_rules(x, per_workload), sweep=rules is None)
+            found = replay_savings(x, run_rules(x, per_workload), sweep=rules is None)
+            out += below_resolution(x, found)
         first = self.inputs[0]
         first.endpoints = self.endpoints
         for n in names:
