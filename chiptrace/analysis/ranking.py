@@ -40,6 +40,7 @@ INFO_BELOW = 0.01  # a fix that saves less than this share of the step is info
 # @trace 0.8-3 us, a profiler's event about as much: benchmarks/bench_hotpath.py), so a
 # saving under a microsecond per span of the step is within the trace's own cost.
 RESOLUTION_NS_PER_SPAN = 1_000
+TRACED_SOURCES = ("code", "collect")  # writers whose spans were timed in the program
 REPLAY_STEPS = 8  # steps replayed per workload to price its findings (spread: p50 holds)
 # Rules whose claim is that a chip is slower, later or busier than its peers: made like
 # them, a healthy chip (one dealt bigger batches) saves nothing, and the finding is info
@@ -258,8 +259,11 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
 def below_resolution(x: RuleInput, found: list[Finding]) -> list[Finding]:
     """`found` with any saving the trace cannot resolve (under RESOLUTION_NS_PER_SPAN per
     span of its step: a toy loop's microseconds) made info: the tracer's own cost is as big.
-    An emulated run's spans cost nothing to record: it has no such floor."""
-    if not x.step_p50_ns or any(m.get("source") == "emulator" for m in x.tables.manifests):
+    Only spans an in-process tracer recorded carry that cost in their times (chiptrace's
+    recorder, an OpenTelemetry SDK's through collect); emulated spans and a profiler's
+    device timestamps do not, and get no floor."""
+    traced = [m for m in x.tables.manifests if m.get("source") in TRACED_SOURCES]
+    if not x.step_p50_ns or not traced or len(traced) < len(x.tables.manifests):
         return found
     floor = RESOLUTION_NS_PER_SPAN * x.tables.spans / x.n_steps
     out = []
