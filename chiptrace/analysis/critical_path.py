@@ -99,7 +99,8 @@ def _host(chip: str) -> str:
     return chip.rsplit("/", 1)[0] if "/" in chip else ""
 
 
-def _link_ids(raw: Any) -> list[str]:
+def link_span_ids(raw: Any) -> list[str]:
+    """The span ids a row's `links` column (JSON, or already decoded) points to."""
     if not raw:
         return []
     try:
@@ -179,7 +180,7 @@ class _Graph:
     def explicit(self, s: _Span, bound: int) -> tuple[_Span | None, str]:
         best: _Span | None = None
         via = ""
-        for lid in _link_ids(s.row.get("links")):
+        for lid in link_span_ids(s.row.get("links")):
             dep = self.spans.get(lid)
             if dep is None:
                 continue

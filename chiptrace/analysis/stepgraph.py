@@ -29,7 +29,6 @@ Built per step from that step's spans (`build`), and streamed over a workload's 
 from __future__ import annotations
 
 import bisect
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from chiptrace.analysis.critical_path import link_span_ids
 from chiptrace.analysis.steps import load_steps
 from chiptrace.topology import Topology
 
@@ -104,16 +104,6 @@ class StepGraph:
     @property
     def edges(self) -> int:
         return sum(len(p) for p in self.preds)
-
-
-def _links(raw: Any) -> list[str]:
-    if not raw:
-        return []
-    try:
-        items = json.loads(raw) if isinstance(raw, str) else raw
-        return [str(i["span_id"]).lower() for i in items if isinstance(i, dict) and "span_id" in i]
-    except (ValueError, TypeError):
-        return []
 
 
 def _slack(n: Node) -> int:
@@ -277,7 +267,7 @@ class _Edges:
         key = _resource(n)
         if key is not None:  # a link is shared, not serial: its order binds nothing
             self._add(i, self.res[key].latest(b.nodes, i, n.start + slack), not n.link)
-        for lid in _links(b.rows[n.span_id].get("links")):
+        for lid in link_span_ids(b.rows[n.span_id].get("links")):
             if lid in b.rows:
                 self._add(i, b.last_leaf(lid))
         if n.chip and n.chip in self.into:  # the transfers that delivered its input
@@ -382,7 +372,11 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
             new[i]: ext
             for i in range(len(b.nodes))
             if (
-                ext := [x for x in _links(b.rows[nodes[i].span_id].get("links")) if x not in b.rows]
+                ext := [
+                    x
+                    for x in link_span_ids(b.rows[nodes[i].span_id].get("links"))
+                    if x not in b.rows
+                ]
             )
         },
     )
