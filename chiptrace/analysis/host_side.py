@@ -222,6 +222,16 @@ def mean(v: list[ChipWait], key: str) -> float:
     return sum(float(getattr(w, key)) for w in v) / max(len(v), 1)
 
 
+def means(per: dict[str, list[ChipWait]], key: str) -> dict[str, float]:
+    """Per chip, one ChipWait figure's mean over its sampled steps."""
+    return {c: mean(v, key) for c, v in per.items()}
+
+
+def steady_steps(x: RuleInput) -> list[int]:
+    """The sampled steps' durations, warm-ups left out."""
+    return [sh.duration_ns for sh in step_hosts(x) if not sh.warm_up]
+
+
 def names_covering(v: list[ChipWait]) -> dict[str, float]:
     """Per top-level host span name: the idle time it covers, per step."""
     out: dict[str, float] = defaultdict(float)

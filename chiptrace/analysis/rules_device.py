@@ -145,11 +145,11 @@ def launch_bound(x: RuleInput) -> list[Finding]:
     per = hs.per_chip(x)
     if not per:
         return []
-    steps = [sh.duration_ns for sh in hs.step_hosts(x) if not sh.warm_up]
+    steps = hs.steady_steps(x)
     step = statistics.median(steps)
-    wait = {c: hs.mean(v, "wait") for c, v in per.items()}
-    idle = {c: hs.mean(v, "idle") for c, v in per.items()}
-    gaps = {c: hs.mean(v, "gaps") for c, v in per.items()}
+    wait = hs.means(per, "wait")
+    idle = hs.means(per, "idle")
+    gaps = hs.means(per, "gaps")
     worst = min(wait, key=lambda c: (-wait[c], c))
     saving = statistics.median(wait.values())
     share = launch_share(per)

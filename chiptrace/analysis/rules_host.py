@@ -21,11 +21,11 @@ def host_bound(x: RuleInput) -> list[Finding]:
     per = hs.per_chip(x)
     if not per:
         return []
-    steps = [sh.duration_ns for sh in hs.step_hosts(x) if not sh.warm_up]
+    steps = hs.steady_steps(x)
     step = statistics.median(steps)
-    wait = {c: hs.mean(v, "wait") for c, v in per.items()}
-    busy = {c: hs.mean(v, "busy") for c, v in per.items()}
-    idle = {c: hs.mean(v, "idle") for c, v in per.items()}
+    wait = hs.means(per, "wait")
+    busy = hs.means(per, "busy")
+    idle = hs.means(per, "idle")
     share = launch_share(per)
     med_wait = statistics.median(wait.values())
     if not step or med_wait < HOST_WAIT * step or share >= LAUNCH_SHARE:
