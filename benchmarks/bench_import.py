@@ -53,6 +53,30 @@ def _template(e: dict) -> tuple[list[str], list[str]]:
     return pieces, kinds
 
 
+def render_copy(
+    events: list[dict],
+    templates: list[tuple[list[str], list[str]]],
+    c: int,
+    shift: float,
+    extra: int,
+) -> list[str]:
+    """Copy `c` of the events, as JSON text from their templates: times shifted by `shift`
+    us, step numbers by 10 a copy, correlation and flow ids by `extra`."""
+    out = []
+    for e, (pieces, kinds) in zip(events, templates, strict=True):
+        values = {
+            "ts": repr(round(e["ts"] + shift, 3)),
+            "step": str(c * 10 + int(e["name"].split("#")[1])) if "step" in kinds else "",
+            "corr": str(e["args"]["correlation"] + extra) if "corr" in kinds else "",
+            "id": str(e["id"] + extra) if "id" in kinds else "",
+        }
+        text = [pieces[0]]
+        for kind, piece in zip(kinds, pieces[1:], strict=True):
+            text += (values[kind], piece)
+        out.append("".join(text))
+    return out
+
+
 def synthesize(path: Path, size_mb: int) -> int:
     """A Kineto trace of about size_mb MB from nccl_data's events, copied with shifted times,
     step numbers, correlation and flow ids; returns its events."""
@@ -69,18 +93,7 @@ def synthesize(path: Path, size_mb: int) -> int:
         fh.write(json.dumps(head)[:-1] + ', "traceEvents": [\n')
         for c in range(copies):
             shift, extra = c * span, c * 1_000_000
-            out = []
-            for e, (pieces, kinds) in zip(events, templates, strict=True):
-                values = {
-                    "ts": repr(round(e["ts"] + shift, 3)),
-                    "step": str(c * 10 + int(e["name"].split("#")[1])) if "step" in kinds else "",
-                    "corr": str(e["args"]["correlation"] + extra) if "corr" in kinds else "",
-                    "id": str(e["id"] + extra) if "id" in kinds else "",
-                }
-                text = [pieces[0]]
-                for kind, piece in zip(kinds, pieces[1:], strict=True):
-                    text += (values[kind], piece)
-                out.append("".join(text))
+            out = render_copy(events, templates, c, shift, extra)
             fh.write(("" if n == 0 else ",\n") + ",\n".join(out))
             n += len(out)
         fh.write(f'\n], "baseTimeNanoseconds": {doc.get("baseTimeNanoseconds", 0)}}}\n')

@@ -16,7 +16,7 @@ import json
 from functools import cache
 from pathlib import Path
 
-from bench_import import _template
+from bench_import import _template, render_copy
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "kineto"
 
@@ -51,18 +51,7 @@ def write_rank(path: Path, rank: int, world: int, copies: int) -> int:
         n += len(meta)
         for c in range(copies):
             shift, extra = c * span + skew_us(rank), c * 1_000_000
-            out = []
-            for e, (pieces, kinds) in zip(events, templates, strict=True):
-                values = {
-                    "ts": repr(round(e["ts"] + shift, 3)),
-                    "step": str(c * 10 + int(e["name"].split("#")[1])) if "step" in kinds else "",
-                    "corr": str(e["args"]["correlation"] + extra) if "corr" in kinds else "",
-                    "id": str(e["id"] + extra) if "id" in kinds else "",
-                }
-                text = [pieces[0]]
-                for kind, piece in zip(kinds, pieces[1:], strict=True):
-                    text += (values[kind], piece)
-                out.append("".join(text))
+            out = render_copy(events, templates, c, shift, extra)
             fh.write(",\n" + ",\n".join(out))
             n += len(out)
         fh.write("\n]}\n")
