@@ -32,6 +32,8 @@ def _hta_and_store(case: str, root: str):
     folder.mkdir(parents=True)
     for name in CASES[case]:
         shutil.copy(KINETO / name, folder / Path(name).name)  # corpus cases: ../corpus/...
+        if case in ROUNDED_BY_HTA:
+            _round_as_hta(folder / Path(name).name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ta = trace_analysis.TraceAnalysis(trace_dir=str(folder))
@@ -46,24 +48,47 @@ def pair(tmp_path_factory):
     return lambda case: _hta_and_store(case, root)
 
 
-# Two corpus traces that disagree with HTA, found when the corpus joined this test and not
-# yet explained (a closing note's open item): one launch fewer in HTA's queue count on a
-# stepless inference trace, 72 us more idle time on the ns-resolution trace.
-DISAGREE = {
-    "corpus_hta_inference_rank_1": "HTA counts 3 launches on a stream where we count 4",
-    "corpus_hta_ns_resolution_rank0": "idle breakdown 1781 us against HTA's 1709",
-}
+# HTA 0.5 reads a nanosecond-resolution trace (float `ts`) rounded: each start up and each end
+# down to whole µs (hta/common/trace_parser.py round_down_time_stamps, after
+# pytorch/pytorch#122425). chiptrace keeps the fractions, so its idle breakdown of such a
+# trace differs (1781 µs host wait against HTA's 1709 on hta_ns_resolution_rank0); fed the
+# same rounded copy, the two agree to the µs.
+ROUNDED_BY_HTA = {"corpus_hta_ns_resolution_rank0"}
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=DISAGREE[c]))
-        if c in DISAGREE
-        else c
-        for c in LAUNCHED
-    ],
-)
+def _round_as_hta(path):
+    """Rewrite a gzipped trace in place with HTA's rounding of ns-resolution times."""
+    import gzip
+    import json
+    import math
+
+    with gzip.open(path, "rt") as f:
+        trace = json.load(f)
+    for e in trace["traceEvents"]:
+        if isinstance(e.get("ts"), float):
+            end = e["ts"] + e["dur"] if isinstance(e.get("dur"), (int, float)) else None
+            e["ts"] = math.ceil(e["ts"])
+            if end is not None:
+                e["dur"] = math.floor(end) - e["ts"]
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+
+
+def _launches_hta_drops(ta, rank: int) -> int:
+    """HTA's launch query keeps runtime events with `index_correlation > 0` (0 also meaning "no
+    kernel"), so a launch whose kernel is the event indexed 0 is not counted: 1 on
+    hta_inference_rank_1, whose first event is a kernel. chiptrace counts it."""
+    query = ta.t.symbol_table.get_runtime_launch_events_query()
+    assert query.endswith("(index_correlation > 0)")
+    df = ta.t.get_trace(rank)
+    first = df[df["index"] == 0]
+    if first.empty or first["stream"].iloc[0] == -1:
+        return 0
+    launches = df.query(query.replace("(index_correlation > 0)", "(index_correlation == 0)"))
+    return int((launches["correlation"] == first["correlation"].iloc[0]).sum())
+
+
+@pytest.mark.parametrize("case", LAUNCHED)
 def test_queue_length_and_idle_breakdown_agree_with_hta(case, pair):
     ta, out = pair(case)
     ours = {(r["rank"], r["stream"]): r for r in launch_queue(chiptrace.connect(out))}
@@ -78,7 +103,7 @@ def test_queue_length_and_idle_breakdown_agree_with_hta(case, pair):
         assert {k for k, r in ours.items() if r["launches"]} == set(q.index)
         for key, row in q.iterrows():
             r = ours[key]
-            assert 2 * r["launches"] == row["count"]
+            assert 2 * (r["launches"] - _launches_hta_drops(ta, key[0])) == row["count"]
             assert r["queue_length_max"] == row["max"]
             # HTA sorts launches and starts with an unstable sort: ties may go either way
             assert r["queue_length_mean"] == pytest.approx(row["mean"], abs=0.05)
