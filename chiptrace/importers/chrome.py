@@ -61,24 +61,29 @@ class ChromeReader:
             block = self._rows_block(rows, paired, self._async.drain(), cats)
             if block is not None:
                 yield self._staged(block, spill_for(no))
-        # Async spans still open at the end of the input end at its last timestamp.
+        # Slices still open at the end of the input end at its last timestamp, as Perfetto
+        # draws a slice that "did not end" to the end of the trace.
         opened = self._async.finish(self._last)
         if opened:
             self.stream.warnings.append(
                 f"{opened} async spans never ended (b without e, S without F): "
                 "they end at the file's last timestamp, as Perfetto draws them"
             )
+        unended = self._unended()
+        if unended:
+            self.stream.warnings.append(
+                f"{len(unended)} slices never ended (B without E): "
+                "they end at the file's last timestamp, as Perfetto draws them"
+            )
+        if opened or unended:
             block = self._rows_block(
-                ev.split_block([], self.tally, []), [], self._async.drain(), cats
+                ev.split_block([], self.tally, []), unended, self._async.drain(), cats
             )
             if block is not None:
                 yield self._staged(block, spill_for(no + 1))
         other = self.stream.header.get("otherData")
         if isinstance(other, dict) and isinstance(other.get("t0_unix_ns"), int):
             self.facts.base_ns = other["t0_unix_ns"]
-        unclosed = sum(len(v) for v in self._open.values())
-        if unclosed:
-            self.tally.skipped["B without E"] += unclosed
         service = next(iter(self._process.values()), "chrome")
         self.facts.resource = {"service.name": service}
         self.facts.service = service
@@ -108,11 +113,25 @@ class ChromeReader:
         block.static = None
         return block
 
+    def _unended(self) -> list[ev.Event]:
+        """Each `B` still open, as a complete event up to the file's last timestamp."""
+        out = [
+            ev.Event(
+                "X", b.cat, b.name, b.pid, b.tid, b.ts, max(self._last - b.ts, 0.0), args=b.args
+            )
+            for stack in self._open.values()
+            for b in stack
+        ]
+        self._open.clear()
+        return out
+
     def _others(self, others: list[ev.Event]) -> list[ev.Event]:
         """Metadata and flows are counted; B/E pairs become complete events."""
         done: list[ev.Event] = []
         t = self.tally
         for e in others:
+            if e.ph in ("B", "E"):
+                self._last = max(self._last, e.ts)
             if e.ph == "B":
                 self._open.setdefault((e.pid, e.tid), []).append(e)
             elif e.ph == "E":

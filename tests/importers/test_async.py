@@ -138,3 +138,22 @@ def test_an_end_written_before_its_begin_still_pairs(tmp_path):
     ]
     assert summary.files[0]["skipped"] == {"F without S": 1}
     assert any("1 async spans never ended" in w for w in summary.files[0]["warnings"])
+
+
+def test_a_slice_that_never_ended_ends_at_the_last_timestamp_like_perfetto(tmp_path):
+    """A `B` with no `E` is kept (Perfetto draws it to the trace's end, "Did not end"), its
+    children still nested under it; a stray `E` is counted."""
+    events = [
+        _ev("B", "step", 0),
+        _ev("B", "fwd", 5),
+        _ev("E", "fwd", 9),
+        _ev("X", "kernel", 10, dur=4),
+        _ev("E", "stray", 3, tid=2),  # ends nothing on its thread
+        _ev("X", "later", 50, dur=10, tid=3),  # the file's last timestamp: 60
+    ]
+    summary, rows = _import(tmp_path, events)
+    assert ("step", 0, 60, None, None) in rows
+    assert ("fwd", 5, 4, "step", None) in rows
+    assert ("kernel", 10, 4, "step", None) in rows
+    assert any("1 slices never ended (B without E)" in w for w in summary.files[0]["warnings"])
+    assert summary.files[0]["skipped"] == {"E without B": 1}
