@@ -1,72 +1,86 @@
-"""An overloaded serving queue: requests arrive faster than the devices serve them.
+"""An overloaded serving queue: requests arrive faster than the devices can serve them.
 
-For a served workload (requests linking to the batches that ran them, serving.py), per
-device: the rate requests reach it (those it served, over the span of all arrivals) and
-the rate it serves them (per second of its busy time). A device busy longer than the
-requests took to arrive was dealt them faster than it serves: with the latency growing
-over the run (the last quarter of requests waits much longer than the first) its queue has
-no steady state. The finding names both rates; its saving is replayed with the overloaded
-devices twice as fast.
+For a served workload (requests linking to the batches that ran them, serving.py): the
+rate requests arrive over the run against the most the serving devices can serve, each
+running batches that fill the token budget back to back (batcher.py prices them from the
+run's own batches; a run whose batcher is not recorded counts the most requests per second
+any of its batches served). Dealt in turn (`static`), each device gets an equal share and
+the one slower than its share overloads its own queue; placed by earliest finish
+(`dynamic`), the pool shares one queue. Only arrivals above that service rate make a
+queue that has no steady state: a latency that grows while the first batches warm up, or
+batches that take long, are not overload. The finding names both rates and every
+overloaded device in `parts`; its saving is replayed (ranking.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from typing import Any
 
+from chiptrace.analysis.batcher import Batcher
 from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.serving import back_ends
 
-GROWTH = 1.5  # the last quarter's mean latency over the first's
 
-
-def _batches(con: Any, ids: list[str]) -> dict[str, tuple[str, int]]:
-    """Per batch span id: the chip its work ran on and its duration (ns)."""
+def _observed(con: Any, links: dict[int, str]) -> dict[str, float]:
+    """Per device: the most requests per second one of its batches served (a floor on
+    what it can serve, for runs whose batcher is not recorded)."""
+    count: dict[str, int] = defaultdict(int)
+    for b in links.values():
+        count[b] += 1
     rows = con.execute(
         "WITH b AS (SELECT trace_id, span_id, start_ns, end_ns FROM spans_raw "
         "WHERE lower(hex(span_id)) IN (SELECT unnest($1::VARCHAR[]))) "
         "SELECT lower(hex(b.span_id)), any_value(CAST(s.chip_id AS VARCHAR)) "
         "FILTER (WHERE s.chip_type IN ('gpu', 'npu')), any_value(b.end_ns - b.start_ns) "
         "FROM b JOIN spans_raw s ON s.trace_id = b.trace_id GROUP BY 1",
-        [ids],
+        [sorted(count)],
     ).fetchall()
-    return {sid: (chip, int(d)) for sid, chip, d in rows if chip}
+    best: dict[str, float] = {}
+    for sid, chip, d in rows:
+        if chip and d and d > 0:
+            best[chip] = max(best.get(chip, 0.0), count[sid] / d * 1e9)
+    return best
+
+
+def _rates(x: RuleInput, links: dict[int, str]) -> tuple[float, dict[str, float], str]:
+    """(arrivals per second, per device the most it serves, the schedule policy)."""
+    b = Batcher.load(x.con, x.tables.steps, links, x.tables.topology)
+    if b is not None:
+        return b.arrival_rate(), b.capacity(), b.policy.schedule
+    starts = sorted(x.tables.steps.column("start_ns").to_pylist()[k] for k in links)
+    span = starts[-1] - starts[0]
+    arrival = (len(starts) - 1) / span * 1e9 if span > 0 else 0.0
+    return arrival, _observed(x.con, links), "dynamic"
 
 
 def queue_overload(x: RuleInput) -> list[Finding]:
-    """Arrivals above the service rate, latency growing over the run."""
+    """Arrivals above the service rate of the devices that serve them."""
     steps = x.tables.steps
     links = back_ends(steps) if x.con is not None else None
     if not links or len(links) < 8:
         return []
-    starts = steps.column("start_ns").to_pylist()
-    ends = steps.column("end_ns").to_pylist()
-    order = sorted(links, key=lambda k: starts[k])
-    lat = [ends[k] - starts[k] for k in order]
-    q = max(len(lat) // 4, 1)
-    first, last = statistics.fmean(lat[:q]), statistics.fmean(lat[-q:])
-    span = starts[order[-1]] - starts[order[0]]
-    if span <= 0 or first <= 0 or last < GROWTH * first:
+    arrival, capacity, schedule = _rates(x, links)
+    if not capacity or arrival <= 0:
         return []
-    arrival = (len(order) - 1) / span * 1e9
-    batches = _batches(x.con, sorted(set(links.values())))
-    served: dict[str, int] = defaultdict(int)
-    busy: dict[str, int] = defaultdict(int)
-    for b, n in _count(links).items():
-        if b in batches:
-            chip, d = batches[b]
-            served[chip] += n
-            busy[chip] += d
-    # A device falls behind when it was busy longer than the requests took to arrive: the
-    # requests it was dealt came faster than it served them.
-    over = sorted(c for c in served if busy[c] > span)
+    if schedule == "static":  # an equal share each: every device slower than it falls behind
+        share = arrival / len(capacity)
+        over = sorted(d for d, c in capacity.items() if c < share)
+        to_them, service = share * len(over), sum(capacity[d] for d in over)
+    else:
+        over = sorted(capacity) if sum(capacity.values()) < arrival else []
+        to_them, service = arrival, sum(capacity.values())
     if not over:
         return []
-    to_them = sum(served[c] for c in over) / span * 1e9
-    service = sum(served[c] / busy[c] * 1e9 for c in over)
-    lead = max(over, key=lambda c: busy[c])
+    starts = steps.column("start_ns").to_pylist()
+    ends = steps.column("end_ns").to_pylist()
+    lat = [ends[k] - starts[k] for k in sorted(links, key=lambda k: starts[k])]
+    q = max(len(lat) // 4, 1)
+    first, last = statistics.fmean(lat[:q]), statistics.fmean(lat[-q:])
+    lead = min(over, key=lambda d: (capacity[d], d))
     f = x.finding(
         "queue-overload",
         lead,
@@ -74,28 +88,22 @@ def queue_overload(x: RuleInput) -> list[Finding]:
             "arrival_rate_per_s": round(to_them, 1),
             "service_rate_per_s": round(service, 1),
             "all_arrivals_per_s": round(arrival, 1),
+            "schedule": schedule,
             "latency_first_quarter_ms": ms(first),
             "latency_last_quarter_ms": ms(last),
             "overloaded_devices": len(over),
-            "devices": len(served),
+            "devices": len(capacity),
         },
-        f"requests reach {', '.join(over)} at {to_them:,.0f}/s, they serve at most "
-        f"{service:,.0f}/s: their queue grows without bound (mean latency {first / 1e6:,.1f} ms "
-        f"in the first quarter of requests, {last / 1e6:,.1f} ms in the last); add capacity, "
-        "send them less, or admit less",
+        f"requests reach {_names(over)} at {to_them:,.0f}/s, they serve at most "
+        f"{service:,.0f}/s in full batches: their queue grows without bound (mean latency "
+        f"{first / 1e6:,.1f} ms in the first quarter of requests, {last / 1e6:,.1f} ms in the "
+        "last); add capacity, send them less, or admit less",
         0.0,
     )
-    return [_with_parts(f, tuple(over))]
+    return [dataclasses.replace(f, parts=tuple(over))]
 
 
-def _count(links: dict[int, str]) -> dict[str, int]:
-    out: dict[str, int] = defaultdict(int)
-    for b in links.values():
-        out[b] += 1
-    return out
-
-
-def _with_parts(f: Finding, parts: tuple[str, ...]) -> Finding:
-    import dataclasses
-
-    return dataclasses.replace(f, parts=parts)
+def _names(devices: list[str]) -> str:
+    return (
+        ", ".join(devices) if len(devices) <= 4 else f"{len(devices)} devices ({devices[0]}, ...)"
+    )

@@ -14,7 +14,9 @@ phases, with an OTel link to the batch that served it; each batch is a trace of 
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +26,7 @@ from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.infer_spans import emit_batch
 from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
 from chiptrace.emulator.scheduler import assign
+from chiptrace.emulator.topology import Topology
 from chiptrace.schema import PRECISIONS
 
 
@@ -120,6 +123,7 @@ class Inference:
         self.free = dict.fromkeys(self.devices, 0.0)
         self.queue: collections.deque[tuple[float, int, int]] = collections.deque()
         self.next_arrival = 0.0
+        self._rng: np.random.Generator | None = None
 
     def describe(self) -> dict[str, object]:
         return {
@@ -131,8 +135,39 @@ class Inference:
             "devices": self.devices,
         }
 
+    def capacity(self) -> float:
+        """Requests per second the devices serve at most: batches that fill the token
+        budget with requests of the mean sizes (the longest output of such a batch is the
+        expected maximum of its uniform draws), back to back. Round robin (`static`) deals
+        every device the same share, so the slowest sets the pace; `dynamic` adds them up.
+        A steady request rate sits below this, an overloaded one above."""
+        cfg = self.cfg
+        n = max(cfg.token_budget // cfg.prompt_tokens, 1)
+        lo = max(cfg.output_tokens // 2, 1)
+        hi = cfg.output_tokens * 3 // 2
+        longest = round(lo + (hi - lo) * n / (n + 1))
+        batch = [(0.0, cfg.prompt_tokens, cfg.output_tokens)] * (n - 1) + [
+            (0.0, cfg.prompt_tokens, longest)
+        ]
+        rates = [n / (_total(self.costs(d, batch)) / 1e9) for d in self.devices]
+        if self.ctx.schedule == "static":
+            return len(rates) * min(rates)
+        return sum(rates)
+
+    def arrivals_rng(self) -> np.random.Generator:
+        """The request stream's own generator, a child of the run's seed: drawn from the
+        span table's generator (ids), the stream would change wherever a fault changes
+        when batches form, and a re-run without the fault would serve other requests."""
+        if self._rng is None:
+            seq = self.ctx.table.rng.bit_generator.seed_seq
+            if isinstance(seq, np.random.SeedSequence):
+                self._rng = np.random.default_rng(seq.spawn(1)[0])
+            else:
+                self._rng = np.random.default_rng(int(self.ctx.table.rng.integers(2**63)))
+        return self._rng
+
     def _arrivals_until(self, t: float) -> None:
-        cfg, rng = self.cfg, self.ctx.table.rng
+        cfg, rng = self.cfg, self.arrivals_rng()
         while self.next_arrival <= t:
             p = int(rng.integers(max(cfg.prompt_tokens // 2, 1), cfg.prompt_tokens * 3 // 2 + 1))
             o = int(rng.integers(max(cfg.output_tokens // 2, 1), cfg.output_tokens * 3 // 2 + 1))
@@ -220,3 +255,20 @@ class Inference:
 
 def _total(costs: tuple[float, np.ndarray, dict]) -> float:
     return costs[0] + float(costs[1].sum())
+
+
+def serving_capacity(
+    topology: str | Topology,
+    options: Mapping[str, Any] | None = None,
+    schedule: str = "static",
+    precision: str = "bf16",
+) -> float:
+    """Requests per second an inference workload (`options`, as `emulate` takes them) can
+    serve on a fault-free `topology` (Inference.capacity): a steady rate sits below it."""
+    from chiptrace.emulator.network import Network
+    from chiptrace.emulator.run import make_config
+    from chiptrace.emulator.topology import load_topology
+
+    topo = topology if isinstance(topology, Topology) else load_topology(topology)
+    ctx = Context(topo, Network(topo), None, precision, schedule, {}, {})  # type: ignore[arg-type]
+    return Inference(ctx, make_config("infer", options)).capacity()

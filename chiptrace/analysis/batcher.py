@@ -1,0 +1,192 @@
+"""A served workload's batcher run again, so that a change re-forms its batches.
+
+Replaying the batches as they ran (serving.py's graph) keeps each one's requests: a device
+made faster would still serve the batches it was dealt. But a batcher under load fills a
+batch while every device is busy, so a faster device frees sooner and takes its next batch
+smaller and sooner, and every later batch changes. Here the batching policy the run's
+manifest records (the emulator's, chiptrace/emulator/infer.py) runs again over the run's
+own requests (arrival, prompt and output tokens), with each batch priced on its device by
+batch_costs.py:
+
+- a batch opens with the oldest queued request and closes when its prompts fill the token
+  budget (at the arrival of the last that fits), or when that request has waited
+  `max_wait_ms`, or, if later, when the first device is free (plus its delay), taking
+  every request that arrived by then up to the budget;
+- `static` deals batch i to the i-th device in turn; `dynamic` to the device on which it
+  would finish first;
+- it starts once it closed and its device is free, plus the device's delay.
+
+A device's delay (a straggler's) is the least that any batch on it started after it could
+have (its device free, its last request in, and its wait for more over unless it was full).
+Unchanged, the replay must give back the run's mean request latency within FIT, else it
+is not used (a mixed run's batches also wait for its training steps).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from chiptrace.analysis.batch_costs import Batch, Costs, Request, load, manifest_policy
+from chiptrace.analysis.tables import _manifests
+from chiptrace.topology import Topology
+
+FIT = 0.03  # the unchanged replay's mean latency within this share of the measured one
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the run formed and placed its batches."""
+
+    budget: int
+    max_wait_ns: float
+    devices: tuple[str, ...]
+    chunk: int
+    schedule: str
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> Policy | None:
+        try:
+            return cls(
+                int(raw["token_budget"]),
+                float(raw["max_wait_ms"]) * 1e6,
+                tuple(str(d) for d in raw["devices"]),
+                int(raw.get("decode_chunk") or 16),
+                str(raw.get("schedule") or "static"),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+class Batcher:
+    """The run's requests, policy and batch costs; `latencies` replays them."""
+
+    def __init__(
+        self, policy: Policy, costs: Costs, requests: list[Request], batches: list[Batch]
+    ) -> None:
+        self.policy, self.costs = policy, costs
+        reqs = sorted(requests, key=lambda r: r.arrival)
+        self.arrival = np.array([r.arrival for r in reqs], dtype=np.float64)
+        self.prompt = [r.prompt for r in reqs]
+        self.output = [r.output for r in reqs]
+        self.measured = float(np.mean([r.end - r.arrival for r in reqs])) if reqs else 0.0
+        self.delay = _delays(batches, policy, max(self.prompt, default=0))
+        self.batches = len(batches)
+        self._cache: dict[tuple[str, int, int, int, float], float] = {}
+
+    @classmethod
+    def load(cls, con: Any, steps: Any, links: dict[int, str], topo: Topology) -> Batcher | None:
+        """The batcher of a served run, or None: no policy recorded, a device without
+        fitted costs, or an unchanged replay that does not give back the run."""
+        raw = manifest_policy(_manifests(con))
+        policy = Policy.of(raw) if raw else None
+        if policy is None or not policy.devices:
+            return None
+        requests, batches = load(con, steps, links)
+        costs = Costs(topo, batches, policy.chunk)
+        if not requests or not costs.ready(list(policy.devices)):
+            return None
+        b = cls(policy, costs, requests, batches)
+        base = float(np.mean(b.latencies()))
+        if abs(base - b.measured) > FIT * b.measured:
+            return None
+        b.base = base
+        return b
+
+    base: float = 0.0
+
+    def compute(self, device: str, n: int, prompt: int, steps: int, speed: float = 1.0) -> float:
+        key = (device, n, prompt, steps, speed)
+        if key not in self._cache:
+            self._cache[key] = self.costs.compute(device, n, prompt, steps, speed)
+        return self._cache[key]
+
+    def latencies(
+        self, speed: Mapping[str, float] | None = None, undelay: frozenset[str] = frozenset()
+    ) -> np.ndarray:
+        """The latency (ns, in arrival order) of every request the run's number of batches
+        serve, with devices `speed` times faster and the delays of `undelay` removed. (A
+        run of so many batches is what was measured: where a change makes batches smaller,
+        fewer requests are served, as a re-run would serve them.)"""
+        p, arr, n_req = self.policy, self.arrival, len(self.arrival)
+        devices = list(p.devices)
+        k = {d: float((speed or {}).get(d, 1.0)) for d in devices}
+        delay = {d: 0.0 if d in undelay else self.delay.get(d, 0.0) for d in devices}
+        free = dict.fromkeys(devices, float(arr[0]) if n_req else 0.0)
+        lat = np.zeros(n_req)
+        q = i = 0
+        while q < n_req and i < self.batches:
+            limit = max(arr[q] + p.max_wait_ns, min(free[d] + delay[d] for d in devices))
+            j, tokens, close = q, 0, None
+            while j < n_req and arr[j] <= limit:
+                if j > q and tokens + self.prompt[j] > p.budget:
+                    close = float(arr[j - 1])  # the budget filled when the last one arrived
+                    break
+                tokens += self.prompt[j]
+                j += 1
+            close = limit if close is None else close
+            n, steps = j - q, max(self.output[q:j])
+
+            def cost(d: str, n: int = n, tokens: int = tokens, steps: int = steps) -> float:
+                return self.compute(d, n, tokens, steps, k[d])
+
+            if p.schedule == "dynamic":
+                dev = min(devices, key=lambda d: (max(close, free[d]) - close + cost(d), d))
+            else:
+                dev = devices[i % len(devices)]
+            start = max(close, free[dev]) + delay[dev]
+            free[dev] = start + cost(dev) + self.costs.move(dev)
+            lat[q:j] = free[dev] - arr[q:j]
+            q, i = j, i + 1
+        return lat[:q]
+
+    def saving(self, speed: Mapping[str, float], undelay: frozenset[str]) -> float:
+        """How much the mean latency falls (ns) with the change."""
+        return self.base - float(np.mean(self.latencies(speed, undelay)))
+
+    def capacity(self) -> dict[str, float]:
+        """Requests per second each device serves at most: batches that fill the token
+        budget with requests of the run's mean prompt (their longest output the run's
+        quantile n/(n+1)), back to back, with its delay."""
+        prompt = float(np.mean(self.prompt)) if self.prompt else 1.0
+        n = max(int(self.policy.budget // max(prompt, 1.0)), 1)
+        outs = sorted(self.output)
+        steps = outs[min(len(outs) - 1, math.floor(len(outs) * n / (n + 1)))] if outs else 1
+        out = {}
+        for d in self.policy.devices:
+            t = self.compute(d, n, round(n * prompt), steps) + self.costs.move(d)
+            out[d] = n / ((t + self.delay.get(d, 0.0)) / 1e9)
+        return out
+
+    def service_rate(self, capacity: Mapping[str, float]) -> float:
+        """The pool's: dealt in turn (`static`), every device gets the same share and the
+        slowest sets the pace; `dynamic` adds the devices up."""
+        if self.policy.schedule == "static":
+            return len(capacity) * min(capacity.values(), default=0.0)
+        return sum(capacity.values())
+
+    def arrival_rate(self) -> float:
+        """Requests per second over the run's arrivals."""
+        span = float(self.arrival[-1] - self.arrival[0]) if len(self.arrival) > 1 else 0.0
+        return (len(self.arrival) - 1) / span * 1e9 if span > 0 else 0.0
+
+
+def _delays(batches: list[Batch], policy: Policy, max_prompt: int) -> dict[str, float]:
+    """Per device: the least any batch on it started after it could have."""
+    free: dict[str, float] = {}
+    late: dict[str, float] = {}
+    for b in batches:
+        if not b.requests:
+            continue
+        arrivals = sorted(r.arrival for r in b.requests)
+        close = float(arrivals[-1])
+        if b.prompt + max_prompt <= policy.budget:  # room for more: it waited out its time
+            close = max(close, arrivals[0] + policy.max_wait_ns)
+        gap = b.start - max(close, free.get(b.device, -math.inf))
+        late[b.device] = min(late.get(b.device, math.inf), gap)
+        free[b.device] = b.end
+    return {d: max(v, 0.0) for d, v in late.items()}
