@@ -15,7 +15,7 @@ flops and bytes there):
 An op's time is its roofline (max of flops over the device's peak at the op's precision
 and bytes over its memory bandwidth) times the device's own measured ratio to it, its
 median over the device's ops of that kind (a slow chip's ratio is larger), plus launch
-overhead per token. Moving tokens in and out costs the device's median. Fit and priced
+overhead per token. Moving tokens in and out is fit per device against the tokens moved. Fit and priced
 this way, the emulator's batches come back within a fraction of a percent.
 """
 
@@ -129,9 +129,9 @@ class Costs:
         self.topo, self.chunk = topo, chunk
         self.fits: dict[tuple[str, str], _Fit] = {}
         self.ratio: dict[tuple[str, str], float] = {}
-        self.moves: dict[str, float] = {}
+        self.moves: dict[str, tuple[float, float, float, float]] = {}
         samples: dict[tuple[str, str], list[tuple[float, float, float, float]]] = defaultdict(list)
-        moves: dict[str, list[float]] = defaultdict(list)
+        moves: dict[str, list[tuple[int, int, int, int]]] = defaultdict(list)
         precision: dict[tuple[str, str], str] = {}
         for b in batches:
             pre = [o for o in b.ops if o[0] == "prefill"]
@@ -149,12 +149,16 @@ class Costs:
                 samples[(key, "decode")].append((n * k, f, context, nb / k))
                 precision[(key, "decode")] = p
                 done += k
-            moves[b.device].append((s - b.start) + (b.end - dec[-1][2]))
+            out = sum(r.output for r in b.requests)
+            moves[b.device].append((b.prompt, s - b.start, out, b.end - dec[-1][2]))
         for op, rows in samples.items():
             fa = sum(r[1] for r in rows) / max(sum(r[0] for r in rows), 1.0)
             b0, b1 = _linear([r[2] for r in rows], [r[3] for r in rows])
             self.fits[op] = _Fit(fa, b0, b1, precision[op])
-        self.moves = {d: statistics.median(v) for d, v in moves.items()}
+        for d, v in moves.items():  # latency + tokens over the route's bandwidth, each way
+            a, b = _linear([m[0] for m in v], [m[1] for m in v])
+            c, e = _linear([m[2] for m in v], [m[3] for m in v])
+            self.moves[d] = (a, b, c, e)
         self._ratios(batches)
 
     def _type(self, device: str) -> str:
@@ -183,13 +187,15 @@ class Costs:
                 roof = self._roof(b.device, name, f, nb)
                 if roof > 0:
                     got[(b.device, name)].append((e - s - self._launch(b.device) * k) / roof)
-        self.ratio = {k: statistics.median(v) for k, v in got.items()}
+        # To 5 figures: like devices then cost exactly alike, and a dynamic placement's
+        # ties (the first of equally fast devices) fall as the run's did.
+        self.ratio = {k: float(f"{statistics.median(v):.5g}") for k, v in got.items()}
 
-    def ready(self, devices: list[str]) -> bool:
-        """Whether every device has a fit for both ops."""
+    def priced(self, device: str) -> bool:
+        """Whether the device ran batches to fit its costs on (one a dynamic placement
+        never chose did not)."""
         return all(
-            (d, op) in self.ratio and (self._type(d), op) in self.fits
-            for d in devices
+            (device, op) in self.ratio and (self._type(device), op) in self.fits
             for op in ("prefill", "decode")
         )
 
@@ -210,9 +216,10 @@ class Costs:
     def _op(self, device: str, op: str, flops: float, nbytes: float) -> float:
         return self.ratio[(device, op)] * self._roof(device, op, flops, nbytes)
 
-    def move(self, device: str) -> float:
-        """Moving a batch's tokens in and out (ns): the device's median."""
-        return self.moves.get(device, 0.0)
+    def move(self, device: str, prompt: int, output: int) -> float:
+        """Moving a batch's tokens in (`prompt`) and out (`output`, in all), ns."""
+        a, b, c, e = self.moves.get(device, (0.0, 0.0, 0.0, 0.0))
+        return a + b * prompt + c + e * output
 
 
 def manifest_policy(manifests: list[dict[str, Any]]) -> dict[str, Any] | None:

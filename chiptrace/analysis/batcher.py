@@ -73,9 +73,11 @@ class Batcher:
         self.arrival = np.array([r.arrival for r in reqs], dtype=np.float64)
         self.prompt = [r.prompt for r in reqs]
         self.output = [r.output for r in reqs]
+        self.out_sum = np.concatenate([[0], np.cumsum(self.output)])
         self.measured = float(np.mean([r.end - r.arrival for r in reqs])) if reqs else 0.0
         self.delay = _delays(batches, policy, max(self.prompt, default=0))
         self.batches = len(batches)
+        self.placeable = list(policy.devices)  # load: those with batches to price
         self._cache: dict[tuple[str, int, int, int, float], float] = {}
 
     @classmethod
@@ -88,9 +90,17 @@ class Batcher:
             return None
         requests, batches = load(con, steps, links)
         costs = Costs(topo, batches, policy.chunk)
-        if not requests or not costs.ready(list(policy.devices)):
+        priced = [d for d in policy.devices if costs.priced(d)]
+        # Dealt in turn, every device ran batches; placed by earliest finish, a device that
+        # never ran one stays out of the replay (it was never the first to finish one).
+        if (
+            not requests
+            or not priced
+            or (policy.schedule == "static" and len(priced) < len(policy.devices))
+        ):
             return None
         b = cls(policy, costs, requests, batches)
+        b.placeable = priced
         base = float(np.mean(b.latencies()))
         if abs(base - b.measured) > FIT * b.measured:
             return None
@@ -134,12 +144,13 @@ class Batcher:
             def cost(d: str, n: int = n, tokens: int = tokens, steps: int = steps) -> float:
                 return self.compute(d, n, tokens, steps, k[d])
 
-            if p.schedule == "dynamic":
-                dev = min(devices, key=lambda d: (max(close, free[d]) - close + cost(d), d))
+            if p.schedule == "dynamic":  # an idle device still counts for `limit` above
+                dev = min(self.placeable, key=lambda d: (max(close, free[d]) - close + cost(d), d))
             else:
                 dev = devices[i % len(devices)]
             start = max(close, free[dev]) + delay[dev]
-            free[dev] = start + cost(dev) + self.costs.move(dev)
+            out = int(self.out_sum[j] - self.out_sum[q])
+            free[dev] = start + cost(dev) + self.costs.move(dev, tokens, out)
             lat[q:j] = free[dev] - arr[q:j]
             q, i = j, i + 1
         return lat[:q]
@@ -157,8 +168,11 @@ class Batcher:
         outs = sorted(self.output)
         steps = outs[min(len(outs) - 1, math.floor(len(outs) * n / (n + 1)))] if outs else 1
         out = {}
-        for d in self.policy.devices:
-            t = self.compute(d, n, round(n * prompt), steps) + self.costs.move(d)
+        for d in self.placeable:
+            full = round(n * prompt)
+            t = self.compute(d, n, full, steps) + self.costs.move(
+                d, full, round(n * float(np.mean(self.output)))
+            )
             out[d] = n / ((t + self.delay.get(d, 0.0)) / 1e9)
         return out
 

@@ -121,9 +121,8 @@ def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Chan
         parts = f.parts or (f.culprit,)
         slow = {p: speeds[p] for p in parts if speeds.get(p, 1.0) > 1.05}
         capacity = {"capacity": Change(speed=dict.fromkeys(parts, 2.0))}
-        if not slow:
-            return capacity
-        # A device slower than its peers overloads its own queue: like them first.
+        # A device slower or later (a straggler's delay) than its peers overloads its own
+        # queue: like them first (where no part is either, that saves nothing).
         return {"peers": Change(speed=slow, undelay=frozenset(parts)), **capacity}
     kind = _kind(x, f.culprit)
     if f.rule == "step-outliers" and kind is None and back_ends(x.tables.steps):
