@@ -216,6 +216,16 @@ class Costs:
     def _op(self, device: str, op: str, flops: float, nbytes: float) -> float:
         return self.ratio[(device, op)] * self._roof(device, op, flops, nbytes)
 
+    def adopt(self, device: str, peers: list[str]) -> None:
+        """Price a device that ran nothing as its peers (the median of their ratios)."""
+        for op in ("prefill", "decode"):
+            got = [self.ratio[(p, op)] for p in peers if (p, op) in self.ratio]
+            if got:
+                self.ratio[(device, op)] = statistics.median(got)
+        moves = [self.moves[p] for p in peers if p in self.moves]
+        if moves:
+            self.moves[device] = moves[len(moves) // 2]
+
     def move(self, device: str, prompt: int, output: int) -> float:
         """Moving a batch's tokens in (`prompt`) and out (`output`, in all), ns."""
         a, b, c, e = self.moves.get(device, (0.0, 0.0, 0.0, 0.0))

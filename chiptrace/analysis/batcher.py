@@ -78,6 +78,8 @@ class Batcher:
         self.delay = _delays(batches, policy, max(self.prompt, default=0))
         self.batches = len(batches)
         self.placeable = list(policy.devices)  # load: those with batches to price
+        self.cut_off: list[str] = []  # load: like devices that served nothing
+        self.order: dict[str, tuple[int, int]] = {}
         self._cache: dict[tuple[str, int, int, int, float], float] = {}
 
     @classmethod
@@ -101,6 +103,7 @@ class Batcher:
             return None
         b = cls(policy, costs, requests, batches)
         b.placeable = priced
+        b._cut_off(topo)
         base = float(np.mean(b.latencies()))
         if abs(base - b.measured) > FIT * b.measured:
             return None
@@ -109,6 +112,28 @@ class Batcher:
 
     base: float = 0.0
 
+    def _cut_off(self, topo: Topology) -> None:
+        """Chips of the serving types that the run's pool left out (a server leaves out a
+        device it cannot reach), and every device's place in the round robin: the pool's
+        types in turn, each in the topology's order."""
+        kinds = list(dict.fromkeys(d.split(":", 1)[0] for d in self.policy.devices))
+        chips = list(topo.chips)
+        for i, c in enumerate(chips):
+            kind = topo.chips[c].type
+            if kind in kinds:
+                self.order[c] = (kinds.index(kind), i)
+                if c not in self.policy.devices:
+                    self.cut_off.append(c)
+
+    def restorable(self, links: frozenset[str], topo: Topology) -> frozenset[str]:
+        """The cut-off devices at an end of one of `links` (brought back: the link up)."""
+        out = set()
+        for link in links:
+            spec = topo.link(link)
+            ends = {spec.src, spec.dst} if spec else set()
+            out |= ends & set(self.cut_off)
+        return frozenset(out)
+
     def compute(self, device: str, n: int, prompt: int, steps: int, speed: float = 1.0) -> float:
         key = (device, n, prompt, steps, speed)
         if key not in self._cache:
@@ -116,14 +141,26 @@ class Batcher:
         return self._cache[key]
 
     def latencies(
-        self, speed: Mapping[str, float] | None = None, undelay: frozenset[str] = frozenset()
+        self,
+        speed: Mapping[str, float] | None = None,
+        undelay: frozenset[str] = frozenset(),
+        restore: frozenset[str] = frozenset(),
     ) -> np.ndarray:
         """The latency (ns, in arrival order) of every request the run's number of batches
         serve, with devices `speed` times faster and the delays of `undelay` removed. (A
         run of so many batches is what was measured: where a change makes batches smaller,
-        fewer requests are served, as a re-run would serve them.)"""
+        fewer requests are served, as a re-run would serve them.) `restore`: cut-off
+        devices back in the pool, costing what their peers do."""
         p, arr, n_req = self.policy, self.arrival, len(self.arrival)
         devices = list(p.devices)
+        placeable = list(self.placeable)
+        if restore:
+            for d in restore:
+                self.costs.adopt(
+                    d, [c for c in placeable if c.split(":", 1)[0] == d.split(":", 1)[0]]
+                )
+            devices = sorted({*devices, *restore}, key=lambda d: self.order.get(d, (0, 0)))
+            placeable = sorted({*placeable, *restore}, key=lambda d: self.order.get(d, (0, 0)))
         k = {d: float((speed or {}).get(d, 1.0)) for d in devices}
         delay = {d: 0.0 if d in undelay else self.delay.get(d, 0.0) for d in devices}
         free = dict.fromkeys(devices, float(arr[0]) if n_req else 0.0)
@@ -145,7 +182,7 @@ class Batcher:
                 return self.compute(d, n, tokens, steps, k[d])
 
             if p.schedule == "dynamic":  # an idle device still counts for `limit` above
-                dev = min(self.placeable, key=lambda d: (max(close, free[d]) - close + cost(d), d))
+                dev = min(placeable, key=lambda d: (max(close, free[d]) - close + cost(d), d))
             else:
                 dev = devices[i % len(devices)]
             start = max(close, free[dev]) + delay[dev]
@@ -155,9 +192,14 @@ class Batcher:
             q, i = j, i + 1
         return lat[:q]
 
-    def saving(self, speed: Mapping[str, float], undelay: frozenset[str]) -> float:
+    def saving(
+        self,
+        speed: Mapping[str, float],
+        undelay: frozenset[str],
+        restore: frozenset[str] = frozenset(),
+    ) -> float:
         """How much the mean latency falls (ns) with the change."""
-        return self.base - float(np.mean(self.latencies(speed, undelay)))
+        return self.base - float(np.mean(self.latencies(speed, undelay, restore)))
 
     def capacity(self) -> dict[str, float]:
         """Requests per second each device serves at most: batches that fill the token

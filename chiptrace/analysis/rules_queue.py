@@ -46,9 +46,10 @@ def _observed(con: Any, links: dict[int, str]) -> dict[str, float]:
     return best
 
 
-def _rates(x: RuleInput, links: dict[int, str]) -> tuple[float, dict[str, float], str]:
+def _rates(
+    x: RuleInput, links: dict[int, str], b: Batcher | None
+) -> tuple[float, dict[str, float], str]:
     """(arrivals per second, per device the most it serves, the schedule policy)."""
-    b = Batcher.load(x.con, x.tables.steps, links, x.tables.topology)
     if b is not None:
         return b.arrival_rate(), b.capacity(), b.policy.schedule
     starts = sorted(x.tables.steps.column("start_ns").to_pylist()[k] for k in links)
@@ -63,9 +64,11 @@ def queue_overload(x: RuleInput) -> list[Finding]:
     links = back_ends(steps) if x.con is not None else None
     if not links or len(links) < 8:
         return []
-    arrival, capacity, schedule = _rates(x, links)
+    b = Batcher.load(x.con, steps, links, x.tables.topology)
+    cut = _cut_off(x, b) if b is not None else []
+    arrival, capacity, schedule = _rates(x, links, b)
     if not capacity or arrival <= 0:
-        return []
+        return cut
     if schedule == "static":  # an equal share each: every device slower than it falls behind
         share = arrival / len(capacity)
         over = sorted(d for d, c in capacity.items() if c < share)
@@ -74,7 +77,7 @@ def queue_overload(x: RuleInput) -> list[Finding]:
         over = sorted(capacity) if sum(capacity.values()) < arrival else []
         to_them, service = arrival, sum(capacity.values())
     if not over:
-        return []
+        return cut
     starts = steps.column("start_ns").to_pylist()
     ends = steps.column("end_ns").to_pylist()
     lat = [ends[k] - starts[k] for k in sorted(links, key=lambda k: starts[k])]
@@ -100,7 +103,42 @@ def queue_overload(x: RuleInput) -> list[Finding]:
         "last); add capacity, send them less, or admit less",
         0.0,
     )
-    return [dataclasses.replace(f, parts=tuple(over))]
+    return [dataclasses.replace(f, parts=tuple(over)), *cut]
+
+
+def _cut_off(x: RuleInput, b: Batcher) -> list[Finding]:
+    """A serving device that served nothing while its peers served (the pool left it out):
+    the link it would take requests over, of the kind its peers took theirs, carried
+    nothing: `link-down`, its saving replayed with the device back in the pool."""
+    t = x.tables
+    carried = {r["link_id"] for r in t.links.to_pylist() if r["bytes"]}
+    kind = {c: spec.type for c, spec in t.topology.chips.items()}
+    out = []
+    for d in b.cut_off:
+        peers = [p for p in b.placeable if kind.get(p) == kind.get(d)]
+        if not peers:
+            continue
+        took = {
+            (lk.type, kind.get(lk.dst if lk.src == p else lk.src))
+            for lk in t.topology.links
+            for p in peers
+            if lk.id in carried and p in (lk.src, lk.dst)
+        }
+        for lk in t.topology.links:
+            far = lk.dst if lk.src == d else lk.src if lk.dst == d else None
+            if far is None or lk.id in carried or (lk.type, kind.get(far)) not in took:
+                continue
+            f = x.finding(
+                "link-down",
+                lk.id,
+                {"carried_bytes": 0, "chip": d, "peers_serving": len(peers), "served": 0},
+                f"{d} served no request while {len(peers)} peers of it served, and {lk.id}, "
+                f"the link its peers take requests over, carried nothing: it is down and the "
+                f"pool serves without {d}; bring the link back (cable, lanes, link training)",
+                0.0,
+            )
+            out.append(dataclasses.replace(f, parts=(lk.id, d)))
+    return out
 
 
 def _names(devices: list[str]) -> str:

@@ -127,8 +127,10 @@ def evaluate_served(
     saved: dict[str, float] = {}
     rest = {}
     for name, c in changes.items():
-        if replayer is not None and not (c.bandwidth or c.typical):
-            saved[name] = replayer.saving(_speeds(replayer, c, topo), c.undelay)
+        # A downed link's fix (`typical`) that brings back a device the pool left out.
+        back = replayer.restorable(c.typical, topo) if replayer is not None else frozenset()
+        if replayer is not None and not c.bandwidth and (back or not c.typical):
+            saved[name] = replayer.saving(_speeds(replayer, c, topo), c.undelay, back)
         else:
             rest[name] = c
     if rest:

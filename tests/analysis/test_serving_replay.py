@@ -96,3 +96,31 @@ def test_fault_cases_steady_rates_sit_below_what_the_devices_serve() -> None:
         capacity = serving_capacity(topology, OPTS)
         assert steady <= 0.6 * capacity, (topology, steady, capacity)
         assert overloaded >= 1.5 * capacity, (topology, overloaded, capacity)
+
+
+def test_a_device_a_downed_link_cuts_off_is_left_out_and_found(tmp_path: Path) -> None:
+    """gpu:3's only link to the CPUs is down: the pool serves without it (the run used to
+    fail with "no route"), and the report names the link, priced with gpu:3 back."""
+    link = "c2c:gpu:3-cpu:0"
+    healthy = _mean_latency(_emulate(tmp_path / "ok", "rack6", 400, 6975, steps=80))
+    ta = _emulate(tmp_path / "cut", "rack6", 400, 6975, steps=80, faults=[f"down:{link}"])
+    (m,) = ta.tables.manifests
+    assert m["workload"]["devices_unreachable"] == ["gpu:3"]
+    actual = _mean_latency(ta) - healthy
+    top = ta.findings()[0]
+    assert (top.rule, top.culprit, top.parts) == ("link-down", link, (link, "gpu:3"))
+    assert top.saving_ns == pytest.approx(actual, rel=0.1)
+
+
+def test_every_device_cut_off_is_still_an_error(tmp_path: Path) -> None:
+    from chiptrace.emulator.errors import TopologyError
+
+    with pytest.raises(TopologyError, match="no route from nic:0 to gpu:7 .*links down"):
+        _emulate(
+            tmp_path / "x",
+            "pcie8",
+            100,
+            1,
+            steps=2,
+            faults=["down:pcie4:switch:0-cpu:0", "down:pcie4:switch:1-cpu:0"],
+        )
