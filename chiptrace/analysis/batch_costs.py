@@ -156,9 +156,9 @@ class Costs:
             b0, b1 = _linear([r[2] for r in rows], [r[3] for r in rows])
             self.fits[op] = _Fit(fa, b0, b1, precision[op])
         for d, v in moves.items():  # latency + tokens over the route's bandwidth, each way
-            a, b = _linear([m[0] for m in v], [m[1] for m in v])
-            c, e = _linear([m[2] for m in v], [m[3] for m in v])
-            self.moves[d] = (a, b, c, e)
+            in0, in1 = _linear([m[0] for m in v], [m[1] for m in v])
+            out0, out1 = _linear([m[2] for m in v], [m[3] for m in v])
+            self.moves[d] = (in0, in1, out0, out1)
         self._ratios(batches)
 
     def _type(self, device: str) -> str:

@@ -114,8 +114,9 @@ class Batcher:
 
     def _cut_off(self, topo: Topology) -> None:
         """Chips of the serving types that the run's pool left out (a server leaves out a
-        device it cannot reach), and every device's place in the round robin: the pool's
-        types in turn, each in the topology's order."""
+        device it cannot reach), the links between each and where requests come in, and
+        every device's place in the round robin: the pool's types in turn, each in the
+        topology's order."""
         kinds = list(dict.fromkeys(d.split(":", 1)[0] for d in self.policy.devices))
         chips = list(topo.chips)
         for i, c in enumerate(chips):
@@ -124,15 +125,14 @@ class Batcher:
                 self.order[c] = (kinds.index(kind), i)
                 if c not in self.policy.devices:
                     self.cut_off.append(c)
+        if self.cut_off:
+            self.paths = _paths(topo, self.cut_off)
+
+    paths: dict[str, list[str]] = {}  # noqa: RUF012  (set per instance when any is cut off)
 
     def restorable(self, links: frozenset[str], topo: Topology) -> frozenset[str]:
-        """The cut-off devices at an end of one of `links` (brought back: the link up)."""
-        out = set()
-        for link in links:
-            spec = topo.link(link)
-            ends = {spec.src, spec.dst} if spec else set()
-            out |= ends & set(self.cut_off)
-        return frozenset(out)
+        """The cut-off devices whose way in crosses one of `links` (back: the link up)."""
+        return frozenset(d for d in self.cut_off if set(self.paths.get(d, ())) & links)
 
     def compute(self, device: str, n: int, prompt: int, steps: int, speed: float = 1.0) -> float:
         key = (device, n, prompt, steps, speed)
@@ -168,14 +168,7 @@ class Batcher:
         q = i = 0
         while q < n_req and i < self.batches:
             limit = max(arr[q] + p.max_wait_ns, min(free[d] + delay[d] for d in devices))
-            j, tokens, close = q, 0, None
-            while j < n_req and arr[j] <= limit:
-                if j > q and tokens + self.prompt[j] > p.budget:
-                    close = float(arr[j - 1])  # the budget filled when the last one arrived
-                    break
-                tokens += self.prompt[j]
-                j += 1
-            close = limit if close is None else close
+            j, tokens, close = self._form(q, limit)
             n, steps = j - q, max(self.output[q:j])
 
             def cost(d: str, n: int = n, tokens: int = tokens, steps: int = steps) -> float:
@@ -191,6 +184,17 @@ class Batcher:
             lat[q:j] = free[dev] - arr[q:j]
             q, i = j, i + 1
         return lat[:q]
+
+    def _form(self, q: int, limit: float) -> tuple[int, int, float]:
+        """The batch that opens with request q, the batcher's `limit` given: (the first
+        request after it, its prompt tokens, when it closed)."""
+        arr, j, tokens = self.arrival, q, 0
+        while j < len(arr) and arr[j] <= limit:
+            if j > q and tokens + self.prompt[j] > self.policy.budget:
+                return j, tokens, float(arr[j - 1])  # the budget filled at the last arrival
+            tokens += self.prompt[j]
+            j += 1
+        return j, tokens, limit
 
     def saving(
         self,
@@ -246,3 +250,38 @@ def _delays(batches: list[Batch], policy: Policy, max_prompt: int) -> dict[str, 
         late[b.device] = min(late.get(b.device, math.inf), gap)
         free[b.device] = b.end
     return {d: max(v, 0.0) for d, v in late.items()}
+
+
+def _paths(topo: Topology, devices: list[str]) -> dict[str, list[str]]:
+    """Per device: the links of its shortest way from where requests come in (the first
+    NIC, else the first CPU, as the emulator takes them), devices forwarding nothing."""
+    entry = next((c for t in ("nic", "cpu") for c in topo.of_type(t)), None)
+    if entry is None:
+        return {}
+    near: dict[str, list[tuple[str, str]]] = {}
+    for lk in topo.links:
+        if lk.src and lk.dst:
+            near.setdefault(lk.src, []).append((lk.dst, lk.id))
+            near.setdefault(lk.dst, []).append((lk.src, lk.id))
+    came: dict[str, tuple[str, str]] = {}
+    frontier, seen = [entry], {entry}
+    while frontier:
+        nxt = []
+        for c in frontier:
+            spec = topo.chips.get(c)
+            if c != entry and spec is not None and spec.type in ("gpu", "npu"):
+                continue  # a device is an end, not a hop
+            for far, link in near.get(c, []):
+                if far not in seen:
+                    seen.add(far)
+                    came[far] = (c, link)
+                    nxt.append(far)
+        frontier = nxt
+    out = {}
+    for d in devices:
+        links, c = [], d
+        while c in came:
+            c, link = came[c]
+            links.append(link)
+        out[d] = links
+    return out

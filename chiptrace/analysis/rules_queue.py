@@ -94,8 +94,9 @@ def queue_overload(x: RuleInput) -> list[Finding]:
             "schedule": schedule,
             "latency_first_quarter_ms": ms(first),
             "latency_last_quarter_ms": ms(last),
-            "overloaded_devices": len(over),
+            "overloaded_devices": over,
             "devices": len(capacity),
+            "cut_off_by": [g.culprit for g in cut],
         },
         f"requests reach {_names(over)} at {to_them:,.0f}/s, they serve at most "
         f"{service:,.0f}/s in full batches: their queue grows without bound (mean latency "
@@ -103,41 +104,41 @@ def queue_overload(x: RuleInput) -> list[Finding]:
         "last); add capacity, send them less, or admit less",
         0.0,
     )
-    return [dataclasses.replace(f, parts=tuple(over)), *cut]
+    # The pool shares the batcher's queue: every device's speed moves it, and a device the
+    # pool lost (cut) is capacity it lacks.
+    lost = tuple(d for g in cut for d in g.parts[1:])
+    pool = tuple(sorted(capacity)) + lost
+    return [dataclasses.replace(f, parts=pool), *cut]
 
 
 def _cut_off(x: RuleInput, b: Batcher) -> list[Finding]:
-    """A serving device that served nothing while its peers served (the pool left it out):
-    the link it would take requests over, of the kind its peers took theirs, carried
-    nothing: `link-down`, its saving replayed with the device back in the pool."""
+    """Serving devices that served nothing while their peers served (the pool left them
+    out): on each one's way from where requests come in, the link nearest that entry that
+    carried nothing is down (everything past it carried nothing too). One `link-down` per
+    link, the devices behind it in `parts`; its saving replayed with them back in the pool."""
     t = x.tables
     carried = {r["link_id"] for r in t.links.to_pylist() if r["bytes"]}
     kind = {c: spec.type for c, spec in t.topology.chips.items()}
-    out = []
+    behind: dict[str, list[str]] = defaultdict(list)
     for d in b.cut_off:
-        peers = [p for p in b.placeable if kind.get(p) == kind.get(d)]
-        if not peers:
-            continue
-        took = {
-            (lk.type, kind.get(lk.dst if lk.src == p else lk.src))
-            for lk in t.topology.links
-            for p in peers
-            if lk.id in carried and p in (lk.src, lk.dst)
-        }
-        for lk in t.topology.links:
-            far = lk.dst if lk.src == d else lk.src if lk.dst == d else None
-            if far is None or lk.id in carried or (lk.type, kind.get(far)) not in took:
-                continue
-            f = x.finding(
-                "link-down",
-                lk.id,
-                {"carried_bytes": 0, "chip": d, "peers_serving": len(peers), "served": 0},
-                f"{d} served no request while {len(peers)} peers of it served, and {lk.id}, "
-                f"the link its peers take requests over, carried nothing: it is down and the "
-                f"pool serves without {d}; bring the link back (cable, lanes, link training)",
-                0.0,
-            )
-            out.append(dataclasses.replace(f, parts=(lk.id, d)))
+        if not any(kind.get(p) == kind.get(d) for p in b.placeable):
+            continue  # none of its kind served: not a device the pool lost
+        empty = [lk for lk in b.paths.get(d, []) if lk not in carried]
+        if empty:
+            behind[empty[-1]].append(d)
+    out = []
+    for link, devices in behind.items():
+        peers = [p for p in b.placeable if kind.get(p) in {kind.get(d) for d in devices}]
+        f = x.finding(
+            "link-down",
+            link,
+            {"carried_bytes": 0, "cut_off": devices, "peers_serving": len(peers), "served": 0},
+            f"{_names(devices)} served no request while {len(peers)} peers served: {link}, on "
+            f"their way from where requests come in, carried nothing: it is down and the pool "
+            "serves without them; bring the link back (cable, lanes, link training)",
+            0.0,
+        )
+        out.append(dataclasses.replace(f, parts=(link, *devices)))
     return out
 
 

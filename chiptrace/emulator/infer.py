@@ -130,7 +130,7 @@ class Inference:
         unreachable however the links are, or every device cut off, is an error."""
         if not self.nic:
             return []
-        cut = []
+        cut: list[str] = []
         for d in self.devices:
             try:
                 self.ctx.network.route(self.nic, d)
@@ -283,12 +283,11 @@ def serving_capacity(
     schedule: str = "static",
     precision: str = "bf16",
 ) -> float:
-    """Requests per second an inference workload (`options`, as `emulate` takes them) can
+    """Requests per second an inference workload (`options`: InferConfig's knobs) can
     serve on a fault-free `topology` (Inference.capacity): a steady rate sits below it."""
     from chiptrace.emulator.network import Network
-    from chiptrace.emulator.run import make_config
     from chiptrace.emulator.topology import load_topology
 
     topo = topology if isinstance(topology, Topology) else load_topology(topology)
     ctx = Context(topo, Network(topo), None, precision, schedule, {}, {})  # type: ignore[arg-type]
-    return Inference(ctx, make_config("infer", options)).capacity()
+    return Inference(ctx, InferConfig(**(options or {}))).capacity()

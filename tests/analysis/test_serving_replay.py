@@ -85,6 +85,7 @@ def test_queue_overload_only_where_arrivals_exceed_the_service_rate(tmp_path: Pa
     assert ev["arrival_rate_per_s"] > ev["service_rate_per_s"] > 0
     assert ev["schedule"] == "static"
     assert sorted(q.parts) == [f"gpu:{k}" for k in range(8)]  # the whole pool
+    assert q.evidence["what_if"] == "every serving device twice as fast"
 
 
 def test_fault_cases_steady_rates_sit_below_what_the_devices_serve() -> None:
@@ -109,6 +110,20 @@ def test_a_device_a_downed_link_cuts_off_is_left_out_and_found(tmp_path: Path) -
     actual = _mean_latency(ta) - healthy
     top = ta.findings()[0]
     assert (top.rule, top.culprit, top.parts) == ("link-down", link, (link, "gpu:3"))
+    assert top.saving_ns == pytest.approx(actual, rel=0.1)
+
+
+def test_a_downed_uplink_names_the_uplink_not_the_devices_links(tmp_path: Path) -> None:
+    """switch:1's uplink down cuts off every GPU behind it: one finding, the uplink, with
+    the GPUs in `parts`, priced with them all back (the GPUs' own links carried nothing
+    too, but only because nothing reached them)."""
+    link = "pcie4:switch:1-cpu:0"
+    healthy = _mean_latency(_emulate(tmp_path / "ok", "pcie8", 100, 6429, steps=80))
+    ta = _emulate(tmp_path / "cut", "pcie8", 100, 6429, steps=80, faults=[f"down:{link}"])
+    actual = _mean_latency(ta) - healthy
+    top = ta.findings()[0]
+    assert (top.rule, top.culprit) == ("link-down", link)
+    assert top.parts == (link, "gpu:4", "gpu:5", "gpu:6", "gpu:7")
     assert top.saving_ns == pytest.approx(actual, rel=0.1)
 
 
