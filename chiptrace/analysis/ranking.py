@@ -124,8 +124,8 @@ def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Chan
         # A device slower or later (a straggler's delay) than its peers, or cut off by a
         # downed link, costs the pool: like them, and back, first (none: saves nothing).
         lost = frozenset(str(v) for v in f.evidence.get("cut_off_by") or ())
-        peers = Change(speed=slow, undelay=frozenset(parts), typical=lost)
-        return {"peers": peers, **capacity}
+        like = Change(speed=slow, undelay=frozenset(parts), typical=lost)
+        return {"peers": like, **capacity}
     kind = _kind(x, f.culprit)
     if f.rule == "step-outliers" and kind is None and back_ends(x.tables.steps):
         # A served request is an outlier for the time it queued behind others: no change
