@@ -3,13 +3,15 @@
 For a served workload (requests linking to the batches that ran them, serving.py): the
 rate requests arrive over the run against the most the serving devices can serve, each
 running batches that fill the token budget back to back (batcher.py prices them from the
-run's own batches; a run whose batcher is not recorded counts the most requests per second
-any of its batches served). Dealt in turn (`static`), each device gets an equal share and
-the one slower than its share overloads its own queue; placed by earliest finish
-(`dynamic`), the pool shares one queue. Only arrivals above that service rate make a
-queue that has no steady state: a latency that grows while the first batches warm up, or
-batches that take long, are not overload. The finding names both rates and every
-overloaded device in `parts`; its saving is replayed (ranking.py).
+run's own batches). Dealt in turn (`static`), each device gets an equal share and one
+slower than its share falls behind; placed by earliest finish (`dynamic`), the pool serves
+all arrivals together. Only arrivals above that service rate make a queue with no steady
+state: a latency that grows while the first batches warm up, or batches that take long,
+are not overload. A run whose batcher is not recorded counts the most requests a second
+any of its batches served, a floor on what a device can serve, so there the latency must
+also grow (the last quarter of requests waiting GROWTH times the first's). The finding
+names both rates; its `parts` are the whole pool, which shares the batcher's queue; its
+saving is replayed (ranking.py). Serving devices a downed link cut off are `link-down`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from chiptrace.analysis.batcher import Batcher
 from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.serving import back_ends
+
+GROWTH = 1.5  # without the batcher's model: the last quarter's mean latency over the first's
 
 
 def _observed(con: Any, links: dict[int, str]) -> dict[str, float]:
@@ -83,6 +87,10 @@ def queue_overload(x: RuleInput) -> list[Finding]:
     lat = [ends[k] - starts[k] for k in sorted(links, key=lambda k: starts[k])]
     q = max(len(lat) // 4, 1)
     first, last = statistics.fmean(lat[:q]), statistics.fmean(lat[-q:])
+    if b is None and last < GROWTH * first:
+        # What batches served is a floor on what the devices can serve, not the most:
+        # without the batcher's model an overload must show as a queue that grows.
+        return cut
     lead = min(over, key=lambda d: (capacity[d], d))
     f = x.finding(
         "queue-overload",
