@@ -75,10 +75,10 @@ def queue_overload(x: RuleInput) -> list[Finding]:
         return cut
     if schedule == "static":  # an equal share each: every device slower than it falls behind
         share = arrival / len(capacity)
-        over = sorted(d for d, c in capacity.items() if c < share)
+        over = [d for d, c in capacity.items() if c < share]
         to_them, service = share * len(over), sum(capacity[d] for d in over)
     else:
-        over = sorted(capacity) if sum(capacity.values()) < arrival else []
+        over = list(capacity) if sum(capacity.values()) < arrival else []
         to_them, service = arrival, sum(capacity.values())
     if not over:
         return cut
@@ -99,6 +99,13 @@ def queue_overload(x: RuleInput) -> list[Finding]:
             "arrival_rate_per_s": round(to_them, 1),
             "service_rate_per_s": round(service, 1),
             "all_arrivals_per_s": round(arrival, 1),
+            # dealt in turn, the pool keeps up with the slowest device's pace only
+            "pool_service_rate_per_s": round(
+                len(capacity) * min(capacity.values())
+                if schedule == "static"
+                else sum(capacity.values()),
+                1,
+            ),
             "schedule": schedule,
             "latency_first_quarter_ms": ms(first),
             "latency_last_quarter_ms": ms(last),
@@ -115,7 +122,7 @@ def queue_overload(x: RuleInput) -> list[Finding]:
     # The pool shares the batcher's queue: every device's speed moves it, and a device the
     # pool lost (cut) is capacity it lacks.
     lost = tuple(d for g in cut for d in g.parts[1:])
-    pool = tuple(sorted(capacity)) + lost
+    pool = tuple(capacity) + lost  # in the pool's order
     return [dataclasses.replace(f, parts=pool), *cut]
 
 
