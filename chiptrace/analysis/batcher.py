@@ -80,6 +80,7 @@ class Batcher:
         self.placeable = list(policy.devices)  # load: those with batches to price
         self.cut_off: list[str] = []  # load: like devices that served nothing
         self.order: dict[str, tuple[int, int]] = {}
+        self.paths: dict[str, list[str]] = {}  # per cut-off device: links from the entry
         self._cache: dict[tuple[str, int, int, int, float], float] = {}
 
     @classmethod
@@ -127,8 +128,6 @@ class Batcher:
                     self.cut_off.append(c)
         if self.cut_off:
             self.paths = _paths(topo, self.cut_off)
-
-    paths: dict[str, list[str]] = {}  # noqa: RUF012  (set per instance when any is cut off)
 
     def restorable(self, links: frozenset[str], topo: Topology) -> frozenset[str]:
         """The cut-off devices whose way in crosses one of `links` (back: the link up)."""
