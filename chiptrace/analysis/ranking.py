@@ -121,10 +121,11 @@ def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Chan
         parts = f.parts or (f.culprit,)
         slow = {p: speeds[p] for p in parts if speeds.get(p, 1.0) > 1.05}
         capacity = {"capacity": Change(speed=dict.fromkeys(parts, 2.0))}
-        if not slow:
-            return capacity
-        # A device slower than its peers overloads its own queue: like them first.
-        return {"peers": Change(speed=slow, undelay=frozenset(parts)), **capacity}
+        # A device slower or later (a straggler's delay) than its peers, or cut off by a
+        # downed link, costs the pool: like them, and back, first (none: saves nothing).
+        lost = frozenset(str(v) for v in f.evidence.get("cut_off_by") or ())
+        like = Change(speed=slow, undelay=frozenset(parts), typical=lost)
+        return {"peers": like, **capacity}
     kind = _kind(x, f.culprit)
     if f.rule == "step-outliers" and kind is None and back_ends(x.tables.steps):
         # A served request is an outlier for the time it queued behind others: no change

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from chiptrace.analysis import whatif
+from chiptrace.analysis.batcher import Batcher
 from chiptrace.analysis.stepgraph import build
 from chiptrace.analysis.steps import load_steps
 from chiptrace.topology import Topology
@@ -113,26 +114,53 @@ def _shifts(
 def evaluate_served(
     con: Any, steps: pa.Table, links: dict[int, str], topo: Topology, changes: Mapping[str, Any]
 ) -> dict[str, dict[str, float]]:
-    """Per change: requests, the measured and replayed mean latency, the saving (ns)."""
-    batches = _batches(con, sorted(set(links.values())))
+    """Per change: requests, the measured and replayed mean latency, the saving (ns).
+
+    Chip changes (speed, a straggler's delay) run the batcher again (batcher.py): the
+    batches re-form around the changed devices. Link changes, and runs whose batcher the
+    manifest does not record, replay the batches as they ran."""
+    replayer = Batcher.load(con, steps, links, topo)
     starts = steps.column("start_ns").to_pylist()
     ends = steps.column("end_ns").to_pylist()
-    arrival: dict[str, int] = {}
-    for k, b in links.items():
-        arrival[b] = max(arrival.get(b, starts[k]), starts[k])
-    shifts = _shifts(con, batches, arrival, topo, changes)
     lat = [ends[k] - starts[k] for k in links]
     m = statistics.fmean(lat) if lat else 0.0
-    out = {}
-    for name in changes:
-        new = [ends[k] - starts[k] + shifts[name].get(b, 0.0) for k, b in links.items()]
-        r = statistics.fmean(new) if new else 0.0
-        out[name] = {
-            "steps": len(new),
+    saved: dict[str, float] = {}
+    rest = {}
+    for name, c in changes.items():
+        # A downed link's fix (`typical`) that brings back a device the pool left out.
+        back = replayer.restorable(c.typical, topo) if replayer is not None else frozenset()
+        if replayer is not None and not c.bandwidth and (back or not c.typical):
+            saved[name] = replayer.saving(_speeds(replayer, c, topo), c.undelay, back)
+        else:
+            rest[name] = c
+    if rest:
+        batches = _batches(con, sorted(set(links.values())))
+        arrival: dict[str, int] = {}
+        for k, b in links.items():
+            arrival[b] = max(arrival.get(b, starts[k]), starts[k])
+        shifts = _shifts(con, batches, arrival, topo, rest)
+        for name in rest:
+            new = [ends[k] - starts[k] + shifts[name].get(b, 0.0) for k, b in links.items()]
+            saved[name] = m - (statistics.fmean(new) if new else 0.0)
+    return {
+        name: {
+            "steps": len(lat),
             "measured_ns": m,
-            "replayed_ns": r,
-            "saving_ns": m - r,
+            "replayed_ns": m - saved[name],
+            "saving_ns": saved[name],
         }
+        for name in changes
+    }
+
+
+def _speeds(b: Batcher, c: whatif.Change, topo: Topology) -> dict[str, float]:
+    """Per serving device: how many times faster the change makes it (ids or types)."""
+    out = {}
+    for d in b.policy.devices:
+        chip = topo.chips.get(d)
+        k = whatif._matches(c.speed, d, chip.type if chip else d.split(":", 1)[0])
+        if k:
+            out[d] = float(k)
     return out
 
 

@@ -14,16 +14,19 @@ phases, with an OTel link to the batch that served it; each batch is a trace of 
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
 from chiptrace.emulator.context import Context
 from chiptrace.emulator.efficiency import Efficiency, check_mode
-from chiptrace.emulator.errors import WorkloadError
+from chiptrace.emulator.errors import TopologyError, WorkloadError
 from chiptrace.emulator.infer_spans import emit_batch
 from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
 from chiptrace.emulator.scheduler import assign
+from chiptrace.emulator.topology import Topology
 from chiptrace.schema import PRECISIONS
 
 
@@ -114,12 +117,29 @@ class Inference:
                     f"workload does not fit: {weights / 1e9:.1f} GB of weights + {kv / 1e9:.1f} GB of KV cache "
                     f"on {d} ({chip.model}, {chip.memory_bytes / 1e9:.0f} GB); lower layers, hidden or token_budget"
                 )
-            if self.nic:
-                ctx.network.route(self.nic, d)
+        self.unreachable = self._reachable()
         self.eff = Efficiency(cfg.efficiency)
         self.free = dict.fromkeys(self.devices, 0.0)
         self.queue: collections.deque[tuple[float, int, int]] = collections.deque()
         self.next_arrival = 0.0
+        self._rng: np.random.Generator | None = None
+
+    def _reachable(self) -> list[str]:
+        """Leave out the devices a downed link cuts off from where requests come in (a
+        server marks a device it cannot reach unhealthy and serves on the rest); those
+        unreachable however the links are, or every device cut off, is an error."""
+        if not self.nic:
+            return []
+        cut: list[str] = []
+        for d in self.devices:
+            try:
+                self.ctx.network.route(self.nic, d)
+            except TopologyError:
+                if not self.ctx.network.down or len(cut) + 1 == len(self.devices):
+                    raise
+                cut.append(d)
+        self.devices = [d for d in self.devices if d not in cut]
+        return cut
 
     def describe(self) -> dict[str, object]:
         return {
@@ -129,10 +149,45 @@ class Inference:
             "prefill_precision": self.prefill,
             "decode_precision": self.decode,
             "devices": self.devices,
+            "devices_unreachable": self.unreachable,
+            # What the devices (with the run's faults) serve at most: a rate above it is an
+            # overloaded queue, one well below it steady. The report measures its own.
+            "service_rate_per_s": round(self.capacity(), 1),
         }
 
+    def capacity(self) -> float:
+        """Requests per second the devices serve at most: batches that fill the token
+        budget with requests of the mean sizes (the longest output of such a batch is the
+        expected maximum of its uniform draws), back to back. Round robin (`static`) deals
+        every device the same share, so the slowest sets the pace; `dynamic` adds them up.
+        A steady request rate sits below this, an overloaded one above."""
+        cfg = self.cfg
+        n = max(cfg.token_budget // cfg.prompt_tokens, 1)
+        lo = max(cfg.output_tokens // 2, 1)
+        hi = cfg.output_tokens * 3 // 2
+        longest = round(lo + (hi - lo) * n / (n + 1))
+        batch = [(0.0, cfg.prompt_tokens, cfg.output_tokens)] * (n - 1) + [
+            (0.0, cfg.prompt_tokens, longest)
+        ]
+        rates = [n / (_total(self.costs(d, batch)) / 1e9) for d in self.devices]
+        if self.ctx.schedule == "static":
+            return len(rates) * min(rates)
+        return sum(rates)
+
+    def arrivals_rng(self) -> np.random.Generator:
+        """The request stream's own generator, a child of the run's seed: drawn from the
+        span table's generator (ids), the stream would change wherever a fault changes
+        when batches form, and a re-run without the fault would serve other requests."""
+        if self._rng is None:
+            seq = self.ctx.table.rng.bit_generator.seed_seq
+            if isinstance(seq, np.random.SeedSequence):
+                self._rng = np.random.default_rng(seq.spawn(1)[0])
+            else:
+                self._rng = np.random.default_rng(int(self.ctx.table.rng.integers(2**63)))
+        return self._rng
+
     def _arrivals_until(self, t: float) -> None:
-        cfg, rng = self.cfg, self.ctx.table.rng
+        cfg, rng = self.cfg, self.arrivals_rng()
         while self.next_arrival <= t:
             p = int(rng.integers(max(cfg.prompt_tokens // 2, 1), cfg.prompt_tokens * 3 // 2 + 1))
             o = int(rng.integers(max(cfg.output_tokens // 2, 1), cfg.output_tokens * 3 // 2 + 1))
@@ -220,3 +275,19 @@ class Inference:
 
 def _total(costs: tuple[float, np.ndarray, dict]) -> float:
     return costs[0] + float(costs[1].sum())
+
+
+def serving_capacity(
+    topology: str | Topology,
+    options: Mapping[str, Any] | None = None,
+    schedule: str = "static",
+    precision: str = "bf16",
+) -> float:
+    """Requests per second an inference workload (`options`: InferConfig's knobs) can
+    serve on a fault-free `topology` (Inference.capacity): a steady rate sits below it."""
+    from chiptrace.emulator.network import Network
+    from chiptrace.emulator.topology import load_topology
+
+    topo = topology if isinstance(topology, Topology) else load_topology(topology)
+    ctx = Context(topo, Network(topo), None, precision, schedule, {}, {})  # type: ignore[arg-type]
+    return Inference(ctx, InferConfig(**(options or {}))).capacity()
