@@ -198,7 +198,7 @@ def emulate(
         "run_id": out_dir.name,
         "topology": topo.to_manifest(),
         "faults": [f.to_manifest() for f in parsed],
-        "link_state": link_state(parsed),
+        "link_state": link_state(parsed, effects.lost),
         "workload": wl.describe(),
         "emulation": {
             "seed": seed,
