@@ -82,6 +82,7 @@ class StepOps:
     nbytes: np.ndarray
     collective: list[str]
     group: np.ndarray
+    members: list[tuple[int, ...]]  # the group's global ranks where the trace names them
 
 
 @dataclass
@@ -146,7 +147,8 @@ def load(trace_dir: str | Path, source: str = "") -> Profile:
                   coalesce(json_extract_string(d.attributes, '$."thread.id"'), '0'),
                   coalesce(json_extract_string(d.attributes, '$."Collective name"'), ''),
                   coalesce(TRY_CAST(json_extract(d.attributes, '$."Group size"') AS INTEGER), 0),
-                  d.resource
+                  d.resource,
+                  coalesce(json_extract_string(d.attributes, '$."Process Group Ranks"'), '')
            FROM spans d JOIN ({starts}) s USING (trace_id)
            WHERE d.chip_type IN ('gpu', 'npu') AND d.duration_ns >= 0
            ORDER BY d.chip_id, d.start_ns"""
@@ -200,13 +202,13 @@ def _build(topo: Topology, gpu: ChipSpec, steps: list, rows: list) -> Profile:
     index = {s[0]: i for i, s in enumerate(steps)}
     per: list[dict[str, list]] = [{} for _ in steps]
     flops: dict[str, list[float]] = {}
-    for tid, chip, name, kind, link, start, dur, nb, fl, stream, coll, group, _ in rows:
+    for tid, chip, name, kind, link, start, dur, nb, fl, stream, coll, group, _, pg in rows:
         step = index.get(tid, index.get(WHOLE))
         if step is None:
             continue
         cls = op_class(name, kind, link)
         per[step].setdefault(chip, []).append(
-            (int(stream), start, dur, cls, name, kind, nb, coll, group)
+            (int(stream), start, dur, cls, name, kind, nb, coll, group, _members(pg))
         )
         if fl > 0:
             flops.setdefault(cls, [0.0, 0.0])
@@ -242,7 +244,19 @@ def _ops(items: list) -> StepOps:
         np.array(col[6], np.float64),
         list(col[7]),
         np.array(col[8], np.int64),
+        list(col[9]),
     )
+
+
+def _members(text: str) -> tuple[int, ...]:
+    """A kernel's `Process Group Ranks` ("[0, 1]"): the group's global ranks; () where the
+    trace does not say (or elides them, as the profiler does for big groups: "[0, ..., 127]")."""
+    try:
+        ranks = json.loads(text) if text else []
+    except ValueError:
+        return ()
+    ok = isinstance(ranks, list) and all(isinstance(r, int) for r in ranks)
+    return tuple(ranks) if ok else ()
 
 
 def _precision(ops: list[dict[str, StepOps]], gpu: ChipSpec) -> str:

@@ -11,11 +11,12 @@ just before it in the trace (the event it waited on). Op times change with the r
   peak and efficiency in the replay's precision (the trace's unless `precision` is set);
 - elementwise, optimizer: the same with memory bandwidth (elementwise bytes scale with the
   precision's width);
-- comm: collectives with their bytes whose group fits one target host are re-planned on
-  its links (collectives.py) at the job's fitted comm efficiency; the others scale by the
-  bandwidth of the links they cross (hosts.py): the GPUs' fabric when the group (the
-  job's world size where the trace names none) fits one host, the NICs' network links
-  when it spans hosts;
+- comm: collectives with their bytes whose ranks share one target host (the trace's
+  process group ranks, else a group that fits one) are re-planned on its links
+  (collectives.py) at the job's fitted comm efficiency; the others scale by the bandwidth
+  of the links they cross (hosts.py): the GPUs' fabric when the group (the job's world
+  size where the trace names none) stays on one host, the NICs' network links when it
+  spans hosts;
 - copy: host-device copies move their bytes over the target's route.
 
 A step lasts as long as it did in the trace, plus how much later (or sooner) the device
@@ -148,9 +149,11 @@ class Replay:
         """A collective as the target would run it; None when its group spans other hosts
         or it is not one of the collectives modelled."""
         group, nbytes, name = self._group(ops, k), float(ops.nbytes[k]), ops.collective[k]
-        if group > len(gpus) or nbytes <= 0:
+        members = ops.members[k]
+        machine = Machine(len(gpus), 0.0, 0.0)
+        if machine.crosses(group, members) or nbytes <= 0:
             return None
-        ranks = gpus[:group]
+        ranks = [gpus[m % len(gpus)] for m in members] if members else gpus[:group]
         name = name.lower().replace("_", "")
         algo = "tree" if "TREE" in ops.name[k] else "ring"
         if name in ("allreduce",):
@@ -247,14 +250,21 @@ class Replay:
             tb = self.ctx.table
             transfers(tb, [route], np.array([at]), end, trace, parent, name, ops.nbytes[k])
             return float(end[0]) - at
-        key = (ops.collective[k], int(ops.group[k]), float(ops.nbytes[k]), ops.name[k])
+        key = (
+            ops.collective[k],
+            int(ops.group[k]),
+            float(ops.nbytes[k]),
+            ops.name[k],
+            ops.members[k],
+        )
         if key not in self.plans:
             self.plans[key] = self._plan(net, self.gpus, ops, k, self.comm_eff)
         plan = self.plans[key]
         if plan is None:  # no bytes, or other hosts' ranks: by the links it crosses
             group = self._group(ops, k)
             src, tgt = self.machines
-            return d * src.bandwidth(group) / max(tgt.bandwidth(group), 1.0)
+            members = ops.members[k]
+            return d * src.bandwidth(group, members) / max(tgt.bandwidth(group, members), 1.0)
         if gpu == self.gpus[0]:  # one rank's flows stand for the collective's
             collectives.emit(self.ctx.table, plan, at, trace, parent)
         return plan.duration_ns

@@ -45,6 +45,7 @@ def _job(
     step_ms: float = STEP_MS,
     world: int | None = None,
     gpu: str = "NVIDIA A100-SXM4-40GB",
+    members: str = "",
 ) -> Path:
     """A 2-rank bf16 job laid out as `chiptrace import` lays out a PyTorch profiler trace:
     ProfilerStep#N roots, kernels on rankR/gpu:R with their stream, NCCL bytes and group
@@ -60,6 +61,7 @@ def _job(
                 attrs = {"thread.id": stream}
                 if coll:
                     attrs |= {"Collective name": coll, "Group size": 2}
+                    attrs |= {"Process Group Ranks": members} if members else {}
                 rows.append(
                     _row(
                         s + 1,
@@ -356,3 +358,23 @@ def test_a_rack_faster_in_every_chip_and_link_never_slows_a_step(tmp_path, files
     _, own = _replay(src, tmp_path / "own", "a100x8", steps=4, source=source)
     _, fast = _replay(src, tmp_path / "fast", _faster("a100x8", 2), steps=4, source=source)
     assert fast < own
+
+
+@pytest.mark.parametrize(("members", "crosses"), [("[0, 8]", True), ("[8, 9]", False)])
+def test_a_group_crosses_hosts_by_its_ranks_not_its_size(tmp_path, members, crosses):
+    # Two ranks of a 16-rank job: ranks 0 and 8 sit on two 8-GPU hosts, so their
+    # all-reduce crosses the NICs (a100x8 25 GB/s per GPU, rack6 12.5: twice as long);
+    # ranks 8 and 9 share a host and are re-planned on rack6's NVLink 6.
+    src = _job(tmp_path / "job", world=16, members=members)
+    r, _ = _replay(src, tmp_path / "rack6", "rack6")
+    ((comm,),) = (
+        connect(r.out)
+        .sql("SELECT median(duration_ns) / 1e6 FROM spans WHERE name LIKE 'ncclKernel%'")
+        .fetchall()
+    )
+    if crosses:
+        assert comm == pytest.approx(9 * 25 / 12.5, rel=1e-3)
+    else:
+        # re-planned at the job's fitted efficiency: NVLink 3 -> 6, plus the hops' latency
+        assert comm == pytest.approx(9 * 300 / 1800, rel=0.01)
+        assert r.workload["efficiency_basis"]["comm"] == "fitted"
