@@ -253,7 +253,7 @@ def link_down(x: RuleInput) -> list[Finding]:
 def chips_lost(x: RuleInput) -> list[Finding]:
     """A link the link-state telemetry reports down that was the only path to chips (the
     emulator's `link_state` `chips_lost`; a fabric manager's GPU that fell off the bus):
-    the job ran without them. Saving: the lost chips' share of their type's work, the
+    the job ran without them. Saving: lost GPUs' or NPUs' share of their type's work, the
     step time the job would gain per step's worth of work with them back."""
     t, out = x.tables, []
     owned = {_kind(c) for c in x.chips} if x.chips is not None else None
@@ -263,10 +263,14 @@ def chips_lost(x: RuleInput) -> list[Finding]:
                 continue
             lost = [str(c) for c in s.get("chips_lost") or []]
             kinds = {_kind(c) for c in lost}
-            if not lost or (owned is not None and not kinds & owned):
+            devices = kinds & {"gpu", "npu"}  # a workload's own; a host's NIC is every one's
+            if not lost or (owned is not None and devices and not devices & owned):
                 continue
             peers = sum(1 for c in t.topology.chips if _kind(c) in kinds)
-            saving = x.step_ns * len(lost) / max(peers, len(lost)) if x.step_ns else 0.0
+            # A GPU or NPU lost takes its share of the step's work; a host chip (NIC, DPU)
+            # takes none of it, and what its loss costs is not in the trace.
+            share = sum(_kind(c) in devices for c in lost) / max(peers, len(lost))
+            saving = x.step_ns * share if x.step_ns else 0.0
             link = str(s.get("link"))
             f = x.finding(
                 "link-down",
@@ -275,7 +279,7 @@ def chips_lost(x: RuleInput) -> list[Finding]:
                     "carried_bytes": 0,
                     "chips_lost": lost,
                     "of_chips": peers,
-                    "cost_ms_per_step": ms(saving),
+                    "cost_ms_per_step": ms(saving) if devices else "unknown: a host chip",
                 },
                 f"{link} is down and was the only path to {', '.join(lost)}: the job ran "
                 f"without {'it' if len(lost) == 1 else 'them'} ({len(lost)} of {peers}); "

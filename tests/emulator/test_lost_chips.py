@@ -22,6 +22,7 @@ from chiptrace.query import connect
         ("rack6", "c2c:gpu:6-cpu:1", ["gpu:6"]),
         ("rack6", "pcie5:npu:1-cpu:1", ["npu:1"]),
         ("pcie8", "pcie4:gpu:4-switch:1", ["gpu:4"]),
+        ("pcie8", "pcie4:nic:0-cpu:0", ["nic:0"]),  # its only NIC
         ("rack6", "nvlink6:gpu:2-switch:0", []),  # C2C and the CPUs still reach it
         ("rack6", "pcie5:nic:0-cpu:0", []),  # through switch:1 and the other NIC
         ("nvl72", "nvlink5:gpu:54-switch:11", []),  # 17 planes left
@@ -124,3 +125,15 @@ def test_without_cpus_a_missing_route_is_a_one_line_user_error(tmp_path):
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.count("\n") == 1 and "no route from" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_lost_host_chip_is_named_without_a_saving_the_trace_cannot_show(tmp_path):
+    # pcie8's one NIC off its CPU: training (no input over the network) does not miss it,
+    # and the report names it without claiming a share of the step's work.
+    from chiptrace.analysis import TraceAnalysis
+
+    link = "pcie4:nic:0-cpu:0"
+    r = emulate("pcie8", steps=2, seed=3, out=tmp_path / "t", faults=[f"down:{link}"])
+    (f,) = [f for f in TraceAnalysis(r.out).findings() if f.rule == "link-down"]
+    assert (f.culprit, f.evidence["chips_lost"], f.saving_ns) == (link, ["nic:0"], 0.0)
+    assert f.evidence["cost_ms_per_step"] == "unknown: a host chip"
