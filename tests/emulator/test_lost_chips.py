@@ -39,6 +39,14 @@ def test_a_switch_uplink_loses_every_chip_behind_it():
     assert set(got) == set(behind) and {c.split(":")[0] for c in got} >= {"gpu"}
 
 
+def test_a_chip_cut_off_by_two_links_together_is_listed_under_both():
+    # rack6's nic:0 reaches its CPU directly or over Ethernet through the other NIC
+    both = ["pcie5:nic:0-cpu:0", "ethernet:nic:0-switch:1"]
+    rack6 = load_topology("rack6")
+    assert [lost_chips(rack6, [d]) for d in both] == [{}, {}]
+    assert lost_chips(rack6, both) == dict.fromkeys(both, ["nic:0"])
+
+
 def test_link_state_says_down_with_the_chips_lost_and_degraded_is_up():
     topo = load_topology("rack6")
     faults = [parse_fault(f, topo) for f in ("down:c2c:gpu:6-cpu:1", "degrade:c2c:gpu:5-cpu:1:0.2")]
