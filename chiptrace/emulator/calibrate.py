@@ -21,8 +21,10 @@ What is fitted, and from what:
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,7 +144,7 @@ def load(trace_dir: str | Path, source: str = "") -> Profile:
         raise WorkloadError(f"calibrate {trace_dir}: the trace holds no spans")
     rows = con.sql(
         f"""SELECT s.trace_id, d.chip_id, d.name, d.op_kind, d.link_id IS NOT NULL,
-                  d.start_ns - s.start_ns, d.duration_ns, coalesce(d.op_bytes, 0),
+                  d.start_ns, d.duration_ns, coalesce(d.op_bytes, 0),
                   coalesce(d.op_flops, 0),
                   coalesce(json_extract_string(d.attributes, '$."thread.id"'), '0'),
                   coalesce(json_extract_string(d.attributes, '$."Collective name"'), ''),
@@ -199,16 +201,32 @@ def machine_of(names: set[str] | list[str]) -> str | None:
 
 
 def _build(topo: Topology, gpu: ChipSpec, steps: list, rows: list) -> Profile:
-    index = {s[0]: i for i, s in enumerate(steps)}
+    ids = {s[0] for s in steps}
+    # A kernel is in the step whose time it starts in, not the step that launched it: a
+    # GPU that runs behind its host runs step N's last kernels while the host is in step
+    # N+1, interleaved on their streams with N+1's first, and the replay follows each
+    # stream in time order (by launching step it pushed N+1's early kernels after N's last).
+    starts = [float(s[2]) for s in steps]
     per: list[dict[str, list]] = [{} for _ in steps]
     flops: dict[str, list[float]] = {}
     for tid, chip, name, kind, link, start, dur, nb, fl, stream, coll, group, _, pg in rows:
-        step = index.get(tid, index.get(WHOLE))
-        if step is None:
+        if tid not in ids and WHOLE not in ids:
             continue
+        step = max(bisect.bisect_right(starts, start) - 1, 0)
         cls = op_class(name, kind, link)
         per[step].setdefault(chip, []).append(
-            (int(stream), start, dur, cls, name, kind, nb, coll, group, _members(pg))
+            (
+                _stream(stream),
+                start - starts[step],
+                dur,
+                cls,
+                name,
+                kind,
+                nb,
+                coll,
+                group,
+                _members(pg),
+            )
         )
         if fl > 0:
             flops.setdefault(cls, [0.0, 0.0])
@@ -246,6 +264,13 @@ def _ops(items: list) -> StepOps:
         np.array(col[8], np.int64),
         list(col[9]),
     )
+
+
+def _stream(text: str) -> int:
+    """A kernel's stream from its `thread.id`: `7`, or `stream 7` as PyTorch 1.8-1.9
+    profilers write it; a name without a number keeps a stable number of its own."""
+    m = re.search(r"\d+", text)
+    return int(m.group()) if m else zlib.crc32(text.encode())
 
 
 def _members(text: str) -> tuple[int, ...]:

@@ -234,17 +234,18 @@ def _kineto_jobs() -> list[list[Path]]:
     return [[FIXTURES / f for f in RANKS]] + [[f] for f in files if f.name not in RANKS]
 
 
-def _real_ms(src: Path) -> float:
-    """The median profiler step, or the whole trace where it has no profiler steps (the
-    step calibrate replays then)."""
+def _real_ms(src: Path) -> tuple[float, int]:
+    """The median profiler step and how many there are, or the whole trace where it has
+    no profiler steps (the step calibrate replays then)."""
     con = connect(src)
-    ((real,),) = con.sql(
-        "SELECT median(d) / 1e6 FROM (SELECT max(end_ns) - min(start_ns) AS d FROM spans "
-        "WHERE parent_span_id IS NULL AND name LIKE 'ProfilerStep#%' GROUP BY trace_id)"
+    ((real, n),) = con.sql(
+        "SELECT median(d) / 1e6, count(*) FROM (SELECT max(end_ns) - min(start_ns) AS d "
+        "FROM spans WHERE parent_span_id IS NULL AND name LIKE 'ProfilerStep#%' "
+        "GROUP BY trace_id)"
     ).fetchall()
     if real is None:
         ((real,),) = con.sql("SELECT (max(end_ns) - min(start_ns)) / 1e6 FROM spans").fetchall()
-    return float(real)
+    return float(real), max(int(n), 1)
 
 
 def _gpu_names(src: Path) -> set[str]:
@@ -255,10 +256,11 @@ def _gpu_names(src: Path) -> set[str]:
 
 
 def _replay_all(jobs: list[list[Path]], tmp_path: Path) -> tuple[dict, dict[str, str]]:
-    """Each job replayed on its own machine and on rack6: {name: (real, own, rack6 ms)},
+    """Each job replayed on its own machine and on rack6, every source step twice (the
+    second pass starts over from the first): {name: (real, own, rack6 median ms)},
     and {name: the one-line error} of those calibrate refused. A trace that names no
     preset's GPU must be refused saying what to pass; the 2-rank sample (a 128-rank A100
-    job whose file names no GPU) is then replayed with source=a100x8."""
+    job whose file names no GPU) and the others are then replayed with source=a100x8."""
     chiptrace_importers = importers("chiptrace.importers")
     replayed, told = {}, {}
     for files in jobs:
@@ -266,26 +268,28 @@ def _replay_all(jobs: list[list[Path]], tmp_path: Path) -> tuple[dict, dict[str,
         chiptrace_importers.import_trace(files, src)
         placed = calibrate.machine_of(_gpu_names(src)) is not None
         source = "" if placed else "a100x8"
+        real, n = _real_ms(src)
+        steps = 2 * n  # every step twice: the second pass starts over from the first
         try:
-            _, own = _replay(src, tmp_path / f"{src.name}-own", "a100x8", steps=4)
+            _, own = _replay(src, tmp_path / f"{src.name}-own", "a100x8", steps=steps)
         except WorkloadError as e:
             told[src.name] = str(e)
             assert "\n" not in str(e), str(e)
             if "no GPU or NPU work" in str(e):
                 continue
             assert not placed and "--set source=" in str(e), str(e)
-            if src.name != "2rank_sampled_rank-0":
-                continue
-            _, own = _replay(src, tmp_path / f"{src.name}-own", "a100x8", 4, source=source)
-        _, fast = _replay(src, tmp_path / f"{src.name}-rack6", "rack6", 4, source=source)
-        replayed[src.name] = (_real_ms(src), own, fast)
+            # given what it asks for, it replays (as if on A100s: on its own machine then)
+            _, own = _replay(src, tmp_path / f"{src.name}-own", "a100x8", steps, source=source)
+        _, fast = _replay(src, tmp_path / f"{src.name}-rack6", "rack6", steps, source=source)
+        replayed[src.name] = (real, own, fast)
     print("\nfixture real_ms own_ms rack6_ms")
     for name, (real, own, fast) in replayed.items():
         print(f"{name} {real:.2f} {own:.2f} {fast:.2f} ({own / real - 1:+.1%} on its own)")
     for name, why in told.items():
         print(f"{name}: {why.split(': ', 1)[1]}")
     for name, (real, own, fast) in replayed.items():
-        assert own == pytest.approx(real, rel=0.15), name
+        # issue 23 asks for 15%; every fixture is within 2% today, so 5% catches a slip
+        assert own == pytest.approx(real, rel=0.05), name
         if name != "2rank_sampled_rank-0":  # 128 ranks: cross-host, half the NICs per GPU
             assert fast <= min(real, own) * 1.001, name
     return replayed, told
@@ -297,7 +301,7 @@ def test_the_kineto_fixtures_replay_their_steps(tmp_path):
     one line saying what to pass."""
     jobs = [j for j in _kineto_jobs() if j[0].parent == FIXTURES and len(j) == 1]
     replayed, told = _replay_all(jobs, tmp_path)  # the 2-rank job: the round-trip test
-    assert set(replayed) == {"nccl_data", "cuda_event_sync", "simple_add"}
+    assert set(replayed) >= {"nccl_data", "cuda_event_sync", "simple_add"}
     assert "AMD Radeon" in told["amd_mi250_minitoy_train"]
     assert "no GPU or NPU work" in told["cpu_only_rank-34"]
 
