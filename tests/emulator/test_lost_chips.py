@@ -131,6 +131,11 @@ def test_without_cpus_a_missing_route_is_a_one_line_user_error(tmp_path):
     cli += ["--out", str(tmp_path / "b"), "--fault", "down:nvlink5:gpu:1-switch:0", "--no-progress"]
     p = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == ""
+    cli = [sys.executable, "-m", "chiptrace", "emulate", "--topology", "pcie8", "--steps", "1"]
+    cli += ["--out", str(tmp_path / "d"), "--fault", "down:pcie4:gpu:4-switch:1", "--no-progress"]
+    lost = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert lost.returncode == 0, lost.stderr
+    assert "pcie4:gpu:4-switch:1 was the only path to gpu:4: the run went on" in lost.stdout
     assert p.stderr.count("\n") == 1 and "no route from" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
 
