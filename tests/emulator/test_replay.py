@@ -382,3 +382,24 @@ def test_a_group_crosses_hosts_by_its_ranks_not_its_size(tmp_path, members, cros
         # re-planned at the job's fitted efficiency: NVLink 3 -> 6, plus the hops' latency
         assert comm == pytest.approx(9 * 300 / 1800, rel=0.01)
         assert r.workload["efficiency_basis"]["comm"] == "fitted"
+
+
+def test_the_128_rank_job_is_slower_on_rack6_only_for_its_network(tmp_path):
+    """rack6 is not faster everywhere: two 400 GbE NICs for eight GPUs are half a DGX
+    A100's network per GPU, and the 128-rank job's all-to-alls cross hosts, so it replays
+    slower there. Give rack6 a100x8's network per GPU (twice its Ethernet) and, faster in
+    every part the job uses, it is not slower."""
+    from dataclasses import replace
+
+    src = tmp_path / "imported"
+    importers("chiptrace.importers").import_trace([FIXTURES / f for f in RANKS], src)
+    rack6 = load_topology("rack6")
+    wide = [
+        replace(lk, bandwidth=2 * lk.bandwidth) if lk.type == "ethernet" else lk
+        for lk in rack6.links
+    ]
+    _, own = _replay(src, tmp_path / "own", "a100x8", steps=4, source="a100x8")
+    _, thin = _replay(src, tmp_path / "rack6", rack6, steps=4, source="a100x8")
+    _, fast = _replay(src, tmp_path / "wide", replace(rack6, links=wide), steps=4, source="a100x8")
+    assert thin > 1.1 * own  # its cross-host collectives at half the bandwidth
+    assert fast <= own
