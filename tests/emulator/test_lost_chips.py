@@ -150,3 +150,16 @@ def test_a_lost_host_chip_is_named_without_a_saving_the_trace_cannot_show(tmp_pa
     (f,) = [f for f in TraceAnalysis(r.out).findings() if f.rule == "link-down"]
     assert (f.culprit, f.evidence["chips_lost"], f.saving_ns) == (link, ["nic:0"], 0.0)
     assert f.evidence["cost_ms_per_step"] == "unknown: a host chip"
+
+
+@pytest.mark.parametrize(
+    ("topology", "faults"),
+    [
+        ("pcie8", ["down:pcie4:gpu:5-switch:1", "down:pcie4:dpu:0-cpu:0"]),
+        ("h100x8", []),  # no DPU: each CPU is its own input host (a copy with no hop)
+        ("h100x8", ["down:pcie5:switch:1-cpu:0"]),
+    ],
+)
+def test_mixed_runs_on_what_is_left(tmp_path, topology, faults):
+    r = emulate(topology, "mixed", steps=1, seed=1, out=tmp_path / "m", faults=faults)
+    assert r.spans > 0 and r.stored == r.spans
