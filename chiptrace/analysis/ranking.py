@@ -115,7 +115,7 @@ OWN_ESTIMATE = frozenset({"launch-bound", "rank-straggler"})
 
 def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Change]:
     """The candidate fixes of a finding's culprit, best first (empty: not replayable)."""
-    if f.rule in OWN_ESTIMATE:
+    if f.rule in OWN_ESTIMATE or f.evidence.get("chips_lost"):  # no replay adds a chip
         return {}
     if f.rule == "queue-overload":
         parts = f.parts or (f.culprit,)

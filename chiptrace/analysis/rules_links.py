@@ -230,7 +230,7 @@ def link_down(x: RuleInput) -> list[Finding]:
         return []
     active, uses, used = _active(x)
     mine = set(x.chips or ()) | {e for lk in x.links or () for e in _ends(t, lk)}
-    out = []
+    out = chips_lost(x)
     for lk in t.topology.links:
         if lk.id in used or not (lk.src in active and lk.dst in active):
             continue
@@ -247,6 +247,47 @@ def link_down(x: RuleInput) -> list[Finding]:
             if peers:
                 out.append(_down_finding(x, lk.id, end, peers))
                 break
+    return out
+
+
+def chips_lost(x: RuleInput) -> list[Finding]:
+    """A link the link-state telemetry reports down that was the only path to chips (the
+    emulator's `link_state` `chips_lost`; a fabric manager's GPU that fell off the bus):
+    the job ran without them. Saving: lost GPUs' or NPUs' share of their type's work, the
+    step time the job would gain per step's worth of work with them back."""
+    t, out = x.tables, []
+    owned = {_kind(c) for c in x.chips} if x.chips is not None else None
+    for m in t.manifests:
+        for s in m.get("link_state") or []:
+            if not isinstance(s, dict) or s.get("state") != "down":
+                continue
+            lost = [str(c) for c in s.get("chips_lost") or []]
+            kinds = {_kind(c) for c in lost}
+            devices = kinds & {"gpu", "npu"}  # a workload's own; a host's NIC is every one's
+            if not lost or (owned is not None and devices and not devices & owned):
+                continue
+            peers = sum(1 for c in t.topology.chips if _kind(c) in kinds)
+            # A GPU or NPU lost takes its share of the step's work; a host chip (NIC, DPU)
+            # takes none of it, and what its loss costs is not in the trace.
+            share = sum(_kind(c) in devices for c in lost) / max(peers, len(lost))
+            saving = x.step_ns * share if x.step_ns else 0.0
+            link = str(s.get("link"))
+            f = x.finding(
+                "link-down",
+                link,
+                {
+                    "carried_bytes": 0,
+                    "chips_lost": lost,
+                    "of_chips": peers,
+                    "cost_ms_per_step": ms(saving) if devices else "unknown: a host chip",
+                },
+                f"{link} is down and was the only path to {', '.join(lost)}: the job ran "
+                f"without {'it' if len(lost) == 1 else 'them'} ({len(lost)} of {peers}); "
+                "check the link (cable, lanes, firmware) or its state in the fabric manager",
+                saving,
+                severity_for(saving / x.step_ns if x.step_ns else 0.0),
+            )
+            out.append(_at_least_medium(f))
     return out
 
 

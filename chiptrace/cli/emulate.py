@@ -206,5 +206,7 @@ def run(args: argparse.Namespace) -> int:
         f"{result.stored:,} spans stored, {result.virtual_ns / 1e6:.1f} ms emulated in "
         f"{result.wall_s:.2f} s -> {result.out}"
     )
+    for link, chips in result.lost.items():
+        print(f"{link} was the only path to {', '.join(chips)}: the run went on without them")
     print(f'next: chiptrace query {result.out} "SELECT * FROM chips"')
     return 0

@@ -21,8 +21,10 @@ What is fitted, and from what:
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +47,15 @@ _PRECISION = (  # from the GEMM kernels' names, weighted by their time
     ("fp16", r"f16|h1688|h16816|half|hgemm"),
     ("fp32", r"tf32|s1688|s16816|sgemm|float|f32"),
 )
-# A GPU model named in a trace's resource -> the preset of its machine.
-MACHINES = (("GB200", "nvl72"), ("B200", "rack6"), ("H100", "h100x8"), ("A100", "a100x8"))
+# A GPU model named in a trace's resource -> the preset of its machine (first match).
+MACHINES = (
+    (r"GB200", "nvl72"),
+    (r"B200", "rack6"),
+    (r"H100", "h100x8"),
+    (r"A100.*PCIe", "pcie8"),
+    (r"A100", "a100x8"),
+)
+WHOLE = "*"  # the step id of a trace without profiler steps: all of it is one step
 
 
 def op_class(kernel: str, op_kind: str, has_link: bool) -> str:
@@ -75,6 +84,7 @@ class StepOps:
     nbytes: np.ndarray
     collective: list[str]
     group: np.ndarray
+    members: list[tuple[int, ...]]  # the group's global ranks where the trace names them
 
 
 @dataclass
@@ -120,26 +130,34 @@ def load(trace_dir: str | Path, source: str = "") -> Profile:
         "WHERE parent_span_id IS NULL AND regexp_matches(name, '^ProfilerStep#[0-9]+$') "
         "GROUP BY 1, 2 ORDER BY 3"
     ).fetchall()
+    # A root's trace is its step; a trace without profiler steps (torch.profiler run with
+    # no schedule) is one step from its first span to its last.
+    starts = "SELECT trace_id, min(start_ns) AS start_ns FROM spans WHERE parent_span_id IS NULL GROUP BY 1"
     if not steps:
-        raise WorkloadError(
-            f"calibrate {trace_dir}: no ProfilerStep#N root spans; calibration replays "
-            "profiler steps (record with torch.profiler and a schedule, then chiptrace import)"
+        steps = con.sql(
+            f"SELECT '{WHOLE}', 'trace', min(start_ns), max(end_ns) FROM spans"
+        ).fetchall()
+        starts = (
+            "SELECT DISTINCT trace_id, (SELECT min(start_ns) FROM spans) AS start_ns FROM spans"
         )
+    if steps[0][2] is None:
+        raise WorkloadError(f"calibrate {trace_dir}: the trace holds no spans")
     rows = con.sql(
-        """SELECT s.trace_id, d.chip_id, d.name, d.op_kind, d.link_id IS NOT NULL,
-                  d.start_ns - s.start_ns, d.duration_ns, coalesce(d.op_bytes, 0),
+        f"""SELECT s.trace_id, d.chip_id, d.name, d.op_kind, d.link_id IS NOT NULL,
+                  d.start_ns, d.duration_ns, coalesce(d.op_bytes, 0),
                   coalesce(d.op_flops, 0),
                   coalesce(json_extract_string(d.attributes, '$."thread.id"'), '0'),
                   coalesce(json_extract_string(d.attributes, '$."Collective name"'), ''),
                   coalesce(TRY_CAST(json_extract(d.attributes, '$."Group size"') AS INTEGER), 0),
-                  d.resource
-           FROM spans d JOIN (SELECT trace_id, min(start_ns) AS start_ns FROM spans
-                              WHERE parent_span_id IS NULL GROUP BY 1) s USING (trace_id)
+                  d.resource,
+                  coalesce(json_extract_string(d.attributes, '$."Process Group Ranks"'), '')
+           FROM spans d JOIN ({starts}) s USING (trace_id)
            WHERE d.chip_type IN ('gpu', 'npu') AND d.duration_ns >= 0
            ORDER BY d.chip_id, d.start_ns"""
     ).fetchall()
     if not rows:
-        raise WorkloadError(f"calibrate {trace_dir}: its profiler steps hold no GPU or NPU work")
+        what = "the trace holds" if steps[0][0] == WHOLE else "its profiler steps hold"
+        raise WorkloadError(f"calibrate {trace_dir}: {what} no GPU or NPU work to replay")
     topo = _source(trace_dir, source, rows)
     gpu = next(c for c in topo.chips.values() if c.type == "gpu")
     prof = _build(topo, gpu, steps, rows)
@@ -163,26 +181,52 @@ def _source(trace_dir: str | Path, source: str, rows: list) -> Topology:
     names: set[str] = set()
     for r in {r[12] for r in rows if r[12]}:
         names.update(json.loads(r).get("device.names") or [])
-    for model, preset in MACHINES:
-        if any(model in n for n in names):
-            return load_topology(preset)
+    preset = machine_of(names)
+    if preset:
+        return load_topology(preset)
     what = ", ".join(sorted(names)) or "no GPU model"
+    presets = ", ".join(dict.fromkeys(p for _, p in reversed(MACHINES)))
     raise WorkloadError(
-        f"calibrate {trace_dir}: the trace names {what}; pass the machine it ran on with "
-        "--set source=PRESET (a100x8, h100x8, rack6, nvl72) or a topology TOML"
+        f"calibrate {trace_dir}: the trace names {what}, which no preset describes; pass "
+        f"the machine it ran on with --set source=PRESET ({presets}) or a topology TOML"
     )
 
 
+def machine_of(names: set[str] | list[str]) -> str | None:
+    """The preset of the machine whose GPUs a trace names (`device.names`), if any."""
+    for pattern, preset in MACHINES:
+        if any(re.search(pattern, n, re.IGNORECASE) for n in names):
+            return preset
+    return None
+
+
 def _build(topo: Topology, gpu: ChipSpec, steps: list, rows: list) -> Profile:
-    index = {s[0]: i for i, s in enumerate(steps)}
+    ids = {s[0] for s in steps}
+    # A kernel is in the step whose time it starts in, not the step that launched it: a
+    # GPU that runs behind its host runs step N's last kernels while the host is in step
+    # N+1, interleaved on their streams with N+1's first, and the replay follows each
+    # stream in time order (by launching step it pushed N+1's early kernels after N's last).
+    starts = [float(s[2]) for s in steps]
     per: list[dict[str, list]] = [{} for _ in steps]
     flops: dict[str, list[float]] = {}
-    for tid, chip, name, kind, link, start, dur, nb, fl, stream, coll, group, _ in rows:
-        if tid not in index:
+    for tid, chip, name, kind, link, start, dur, nb, fl, stream, coll, group, _, pg in rows:
+        if tid not in ids and WHOLE not in ids:
             continue
+        step = max(bisect.bisect_right(starts, start) - 1, 0)
         cls = op_class(name, kind, link)
-        per[index[tid]].setdefault(chip, []).append(
-            (int(stream), start, dur, cls, name, kind, nb, coll, group)
+        per[step].setdefault(chip, []).append(
+            (
+                _stream(stream),
+                start - starts[step],
+                dur,
+                cls,
+                name,
+                kind,
+                nb,
+                coll,
+                group,
+                _members(pg),
+            )
         )
         if fl > 0:
             flops.setdefault(cls, [0.0, 0.0])
@@ -218,7 +262,26 @@ def _ops(items: list) -> StepOps:
         np.array(col[6], np.float64),
         list(col[7]),
         np.array(col[8], np.int64),
+        list(col[9]),
     )
+
+
+def _stream(text: str) -> int:
+    """A kernel's stream from its `thread.id`: `7`, or `stream 7` as PyTorch 1.8-1.9
+    profilers write it; a name without a number keeps a stable number of its own."""
+    m = re.search(r"\d+", text)
+    return int(m.group()) if m else zlib.crc32(text.encode())
+
+
+def _members(text: str) -> tuple[int, ...]:
+    """A kernel's `Process Group Ranks` ("[0, 1]"): the group's global ranks; () where the
+    trace does not say (or elides them, as the profiler does for big groups: "[0, ..., 127]")."""
+    try:
+        ranks = json.loads(text) if text else []
+    except ValueError:
+        return ()
+    ok = isinstance(ranks, list) and all(isinstance(r, int) for r in ranks)
+    return tuple(ranks) if ok else ()
 
 
 def _precision(ops: list[dict[str, StepOps]], gpu: ChipSpec) -> str:

@@ -3,7 +3,8 @@ bandwidth a GPU gets on the links each kind crosses (replay.py scales the collec
 cannot re-plan by these figures).
 
 A job of `world` ranks fills hosts of `per_host` GPUs in rank order, as torchrun places
-them; a collective of `group` ranks stays within a host when the group fits one. Within a
+them; a collective stays within a host when its ranks (the trace's `Process Group Ranks`)
+share one, or, where the trace names only a group size, when the group fits one. Within a
 host a collective crosses the GPUs' own fabric (NVLink, or PCIe where there is none);
 across hosts, the network links of the NICs (Ethernet, InfiniBand) shared by the host's
 GPUs. Root-complex and PCIe-switch links to a NIC are not counted: every collective that
@@ -53,11 +54,15 @@ class Machine:
     def of(cls, net: Network) -> Machine:
         return cls(max(1, len(net.topology.of_type("gpu"))), intra_bw(net), nic_bw(net.topology))
 
-    def crosses(self, group: int) -> bool:
-        """Whether a collective over `group` consecutive ranks spans hosts here."""
+    def crosses(self, group: int, members: tuple[int, ...] = ()) -> bool:
+        """Whether a collective spans hosts here: its global ranks (`members`, where the
+        trace names them) on more than one host, else `group` consecutive ranks more
+        than a host holds."""
+        if members:
+            return len({m // self.per_host for m in members}) > 1
         return group > self.per_host
 
-    def bandwidth(self, group: int) -> float:
+    def bandwidth(self, group: int, members: tuple[int, ...] = ()) -> float:
         """What a collective of `group` ranks gets per GPU: the network's share across
         hosts (the fabric where a machine has no NICs), the fabric within one."""
-        return (self.network or self.intra) if self.crosses(group) else self.intra
+        return (self.network or self.intra) if self.crosses(group, members) else self.intra

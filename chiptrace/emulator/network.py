@@ -89,6 +89,14 @@ class Network:
             self._routes[key] = route
         return self._routes[key]
 
+    def reaches(self, src: str, dst: str) -> bool:
+        """Whether any route joins src to dst (as `route` looks for one)."""
+        try:
+            self.route(src, dst)
+        except TopologyError:
+            return False
+        return True
+
     def nearest(self, src: str, candidates: Sequence[str]) -> list[str]:
         """The candidates cheapest to reach from src, equals all (in `candidates` order):
         Dijkstra, stopped once it settles a chip dearer than the first candidate found,

@@ -11,11 +11,12 @@ just before it in the trace (the event it waited on). Op times change with the r
   peak and efficiency in the replay's precision (the trace's unless `precision` is set);
 - elementwise, optimizer: the same with memory bandwidth (elementwise bytes scale with the
   precision's width);
-- comm: collectives with their bytes whose group fits one target host are re-planned on
-  its links (collectives.py) at the job's fitted comm efficiency; the others scale by the
-  bandwidth of the links they cross (hosts.py): the GPUs' fabric when the group (the
-  job's world size where the trace names none) fits one host, the NICs' network links
-  when it spans hosts;
+- comm: collectives with their bytes whose ranks share one target host (the trace's
+  process group ranks, else a group that fits one) are re-planned on its links
+  (collectives.py) at the job's fitted comm efficiency; the others scale by the bandwidth
+  of the links they cross (hosts.py): the GPUs' fabric when the group (the job's world
+  size where the trace names none) stays on one host, the NICs' network links when it
+  spans hosts;
 - copy: host-device copies move their bytes over the target's route.
 
 A step lasts as long as it did in the trace, plus how much later (or sooner) the device
@@ -100,6 +101,10 @@ class Replay:
         # Per rank and stream: (trace end, replay end) of its last op, across steps.
         self.chain: dict[tuple[int, int], tuple[float, float]] = {}
         self.done: dict[int, list[tuple[float, float, int]]] = {}  # rank -> recent ops
+        # A new pass over the source steps: per stream, when the last pass's work ends,
+        # and how much that delayed the pass's first ops (the host does not wait for it).
+        self.backlog: dict[tuple[int, int], float] = {}
+        self.carried = 0.0
 
     def _scales(self) -> dict[str, float]:
         """Target time over source time, per compute class."""
@@ -148,9 +153,11 @@ class Replay:
         """A collective as the target would run it; None when its group spans other hosts
         or it is not one of the collectives modelled."""
         group, nbytes, name = self._group(ops, k), float(ops.nbytes[k]), ops.collective[k]
-        if group > len(gpus) or nbytes <= 0:
+        members = ops.members[k]
+        machine = Machine(len(gpus), 0.0, 0.0)
+        if machine.crosses(group, members) or nbytes <= 0:
             return None
-        ranks = gpus[:group]
+        ranks = [gpus[m % len(gpus)] for m in members] if members else gpus[:group]
         name = name.lower().replace("_", "")
         algo = "tree" if "TREE" in ops.name[k] else "ring"
         if name in ("allreduce",):
@@ -190,6 +197,8 @@ class Replay:
         """Replay source step s mod n from the end of the previous one; returns the end
         of its last work (its device work may run on past the step, as in the trace)."""
         name, src_dur = self.prof.steps[s % len(self.prof.steps)]
+        if s and s % len(self.prof.steps) == 0:
+            self._new_pass()
         tb = self.ctx.table
         trace = tb.new_trace()
         root = tb.ids(1)
@@ -202,10 +211,19 @@ class Replay:
         # The step keeps its own length but for how much later its device work ends than
         # the previous step's did: its host time (the gaps) stays as measured.
         drift = dev_end - src_end
-        end = t0 + max(0.0, src_dur + drift - self.drift)
+        end = t0 + max(0.0, src_dur + drift - self.drift - self.carried)
         tb.add(trace, tb.name(name), t0, end, 0, span_ids=root, attrs=[{"replay.step": s}])
-        self.t, self.v, self.drift = end, self.v + src_dur, drift
+        self.t, self.v, self.drift, self.carried = end, self.v + src_dur, drift, 0.0
         return max(end, dev_end)
+
+    def _new_pass(self) -> None:
+        """Start the source steps over. The trace's first step began on idle devices; the
+        last step's device work may still be running (a GPU behind its host). Its kernels
+        queue behind that work, but the step keeps its length: the host, which in the
+        trace did not wait for that work at the step's end, does not wait for it now."""
+        self.backlog = {key: new for key, (_, new) in self.chain.items()}
+        self.chain.clear()
+        self.done.clear()
 
     def _rank(self, ops: calibrate.StepOps, r: int, trace: int, parent: int) -> tuple[float, float]:
         """Rank r's ops of a step, each stream going on from where its last op ended;
@@ -219,6 +237,9 @@ class Replay:
             # The gap before an op is host time, unless the op waited on another stream's
             # op that ended just before it: then it follows that op instead.
             ready = new_prev + max(0.0, s_src - src_prev)
+            busy = self.backlog.pop((r, q), 0.0)  # the last pass's work, first op only
+            if busy > ready:
+                self.carried, ready = max(self.carried, busy - ready), busy
             for e_src, e_new, q2 in reversed(done[-64:]):
                 if q2 != q and s_src - _DEP_NS <= e_src <= s_src:
                     ready = max(new_prev, e_new + (s_src - e_src))
@@ -247,14 +268,21 @@ class Replay:
             tb = self.ctx.table
             transfers(tb, [route], np.array([at]), end, trace, parent, name, ops.nbytes[k])
             return float(end[0]) - at
-        key = (ops.collective[k], int(ops.group[k]), float(ops.nbytes[k]), ops.name[k])
+        key = (
+            ops.collective[k],
+            int(ops.group[k]),
+            float(ops.nbytes[k]),
+            ops.name[k],
+            ops.members[k],
+        )
         if key not in self.plans:
             self.plans[key] = self._plan(net, self.gpus, ops, k, self.comm_eff)
         plan = self.plans[key]
         if plan is None:  # no bytes, or other hosts' ranks: by the links it crosses
             group = self._group(ops, k)
             src, tgt = self.machines
-            return d * src.bandwidth(group) / max(tgt.bandwidth(group), 1.0)
+            members = ops.members[k]
+            return d * src.bandwidth(group, members) / max(tgt.bandwidth(group, members), 1.0)
         if gpu == self.gpus[0]:  # one rank's flows stand for the collective's
             collectives.emit(self.ctx.table, plan, at, trace, parent)
         return plan.duration_ns

@@ -51,6 +51,7 @@ class EmulationResult:
     stored: int = 0  # spans written to the store (`spans` is what the run made)
     dropped: int = 0
     error: str | None = None  # why the store failed, if it did (a full disk)
+    lost: dict[str, list[str]] = field(default_factory=dict)  # down link -> chips cut off
 
     @property
     def spans_per_s(self) -> float:
@@ -198,7 +199,7 @@ def emulate(
         "run_id": out_dir.name,
         "topology": topo.to_manifest(),
         "faults": [f.to_manifest() for f in parsed],
-        "link_state": link_state(parsed),
+        "link_state": link_state(parsed, effects.lost),
         "workload": wl.describe(),
         "emulation": {
             "seed": seed,
@@ -274,6 +275,7 @@ def emulate(
         stored=writer.spans_written,
         dropped=recorder.dropped,
         error=error,
+        lost=effects.lost,
     )
 
 

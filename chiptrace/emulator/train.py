@@ -113,6 +113,11 @@ class Training:
         if not self.gpus:
             raise WorkloadError(f"topology {topo.name} has no GPUs to train on")
         self.dpus = topo.of_type("dpu") or topo.of_type("cpu")
+        if not self.dpus:
+            raise WorkloadError(
+                f"topology {topo.name} has no DPU or CPU to feed the GPUs their input; "
+                "add one, or run --workload infer"
+            )
         self.cpus = topo.of_type("cpu")
         if cfg.optimizer == "cpu" and not self.cpus:
             raise WorkloadError(f"workload optimizer = 'cpu' but topology {topo.name} has no CPU")

@@ -53,14 +53,19 @@ def transfers(
     nbytes: float,
     op: str = "memcpy",
 ) -> np.ndarray:
-    """One span per hop of each transfer; returns the span id of each transfer's last hop."""
+    """One span per hop of each transfer; returns the span id of each transfer's last hop
+    (0 for one that stays on its chip: a CPU that is its own input host has no hop)."""
+    hops = np.array([len(r.dirs) for r in routes], dtype=np.int64)
+    out = np.zeros(len(routes), dtype=np.uint64)  # span ids are non-zero
+    if not hops.any():
+        return out
     dirs = np.concatenate([r.dirs for r in routes])
-    row = np.repeat(np.arange(len(routes)), [len(r.dirs) for r in routes])
+    row = np.repeat(np.arange(len(routes)), hops)
     ids = tb.add(
         trace, tb.name(name), starts[row], ends[row], parent, dir=dirs, op=op, nbytes=int(nbytes)
     )
-    last = np.cumsum([len(r.dirs) for r in routes]) - 1
-    return ids[last]
+    out[hops > 0] = ids[np.cumsum(hops)[hops > 0] - 1]
+    return out
 
 
 def run_step(tr: Training, s: int, t0: float) -> float:
@@ -177,7 +182,7 @@ def _compute(
     links: list = [None] * (n * L)
     in_trace, h2d_ids = h2d  # the copies that fed each rank, in the trace they ran in
     for r in range(n):
-        links[r * L] = [(in_trace, int(h2d_ids[r]))]
+        links[r * L] = [(in_trace, int(h2d_ids[r]))] if h2d_ids[r] else None
     tb.add(
         trace,
         fnames,
@@ -222,7 +227,7 @@ def _layered(
     run = Layered(tr, layer_work(tr.cfg, tr.precision, tr.eff.ideal), trace, ph)
     delay = np.array([tr.ctx.delay.get(g, 0.0) for g in tr.gpus])
     in_trace, h2d_ids = h2d
-    links = [[(in_trace, int(x))] for x in h2d_ids]
+    links = [[(in_trace, int(x))] if x else None for x in h2d_ids]
     be = run.run(np.maximum(t0 + delay, ready), t0, links, bounds)
     if run.fsdp:
         return bounds["allreduce"][1], run.last

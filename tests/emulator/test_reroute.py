@@ -132,3 +132,71 @@ def test_nvl72_train_with_one_nvlink_down_keeps_every_plane(tmp_path):
     assert max(full) == pytest.approx(min(full), rel=1e-6)
     # The plane that lost a link carries all but that link's share (1/72 of the plane).
     assert per_plane["switch:11"][1] == pytest.approx(full[0] * 71 / 72, rel=0.02)
+
+
+def _plane_bytes(out) -> tuple[dict[str, tuple[int, float]], dict[str, float]]:
+    """Per NVLink plane (switch): (links that carried bytes, bytes); per link: bytes."""
+    per_link = dict(
+        connect(out)
+        .sql(
+            "SELECT link_id, sum(op_bytes)::DOUBLE FROM spans WHERE link_id LIKE '%switch:%' GROUP BY 1"
+        )
+        .fetchall()
+    )
+    planes: dict[str, list[float]] = defaultdict(list)
+    for lk, nb in per_link.items():
+        planes[lk.rsplit("-", 1)[1]].append(nb)
+    return {sw: (len(v), sum(v)) for sw, v in planes.items()}, per_link
+
+
+@pytest.fixture(scope="module")
+def nvl72_healthy(tmp_path_factory):
+    from chiptrace.emulator import emulate
+
+    out = tmp_path_factory.mktemp("nvl72") / "healthy"
+    return _plane_bytes(emulate(topology="nvl72", steps=1, seed=1, out=out, progress=False).out)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_nvl72_train_with_several_random_nvlinks_down_keeps_every_plane(
+    tmp_path, seed, nvl72_healthy
+):
+    """Three GPU-switch links drawn at random (seed 2: two of them one GPU's): each plane
+    keeps every link it has left busy, a plane that lost k links carries nearly as much per
+    link as before, the planes that lost none carry equal bytes, and every GPU still moves
+    the bytes it moved before (over its remaining planes)."""
+    from chiptrace.emulator import emulate
+
+    topo = load_topology("nvl72")
+    rng = random.Random(seed)
+    links = [lk.id for lk in topo.links if lk.src.startswith("gpu:") and "switch" in lk.dst]
+    down = rng.sample(links[1:], 3)
+    if seed == 2:  # two planes of one GPU
+        gpu = down[0].split(":", 1)[1].split("-")[0]
+        down[1] = rng.choice([lk for lk in links if f":{gpu}-" in lk and lk != down[0]])
+    r = emulate(
+        topology="nvl72",
+        steps=1,
+        seed=1,
+        out=tmp_path / "t",
+        faults=[f"down:{d}" for d in down],
+        progress=False,
+    )
+    planes, per_link = _plane_bytes(r.out)
+    healthy, healthy_link = nvl72_healthy
+    assert len(planes) == 18 and not set(down) & set(per_link)
+    lost = {sw: sum(d.endswith(f"-{sw}") for d in down) for sw in planes}
+    assert {sw: n for sw, (n, _) in planes.items()} == {sw: 72 - k for sw, k in lost.items()}
+    full = [nb for sw, (_, nb) in planes.items() if not lost[sw]]
+    assert max(full) == pytest.approx(min(full), rel=1e-9)
+    per_healthy_link = healthy["switch:0"][1] / 72
+    for sw, (n, nb) in planes.items():
+        assert nb / n >= 0.9 * per_healthy_link, (sw, n, nb, per_healthy_link)
+    assert sum(nb for _, nb in planes.values()) == pytest.approx(
+        sum(nb for _, nb in healthy.values()), rel=1e-6
+    )
+    for d in down:  # the GPU's traffic moved to its other planes, none of it lost
+        gpu = d.split(":", 1)[1].split("-")[0]
+        mine = [lk for lk in healthy_link if f":{gpu}-" in lk]
+        now = sum(per_link.get(lk, 0.0) for lk in mine)
+        assert now == pytest.approx(sum(healthy_link[lk] for lk in mine), rel=1e-6), d
