@@ -22,7 +22,7 @@ import numpy as np
 
 from chiptrace.emulator.context import Context
 from chiptrace.emulator.efficiency import Efficiency, check_mode
-from chiptrace.emulator.errors import TopologyError, WorkloadError
+from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.infer_spans import emit_batch
 from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
 from chiptrace.emulator.scheduler import assign
@@ -117,29 +117,11 @@ class Inference:
                     f"workload does not fit: {weights / 1e9:.1f} GB of weights + {kv / 1e9:.1f} GB of KV cache "
                     f"on {d} ({chip.model}, {chip.memory_bytes / 1e9:.0f} GB); lower layers, hidden or token_budget"
                 )
-        self.unreachable = self._reachable()
         self.eff = Efficiency(cfg.efficiency)
         self.free = dict.fromkeys(self.devices, 0.0)
         self.queue: collections.deque[tuple[float, int, int]] = collections.deque()
         self.next_arrival = 0.0
         self._rng: np.random.Generator | None = None
-
-    def _reachable(self) -> list[str]:
-        """Leave out the devices a downed link cuts off from where requests come in (a
-        server marks a device it cannot reach unhealthy and serves on the rest); those
-        unreachable however the links are, or every device cut off, is an error."""
-        if not self.nic:
-            return []
-        cut: list[str] = []
-        for d in self.devices:
-            try:
-                self.ctx.network.route(self.nic, d)
-            except TopologyError:
-                if not self.ctx.network.down or len(cut) + 1 == len(self.devices):
-                    raise
-                cut.append(d)
-        self.devices = [d for d in self.devices if d not in cut]
-        return cut
 
     def describe(self) -> dict[str, object]:
         return {
@@ -149,7 +131,6 @@ class Inference:
             "prefill_precision": self.prefill,
             "decode_precision": self.decode,
             "devices": self.devices,
-            "devices_unreachable": self.unreachable,
             # What the devices (with the run's faults) serve at most: a rate above it is an
             # overloaded queue, one well below it steady. The report measures its own.
             "service_rate_per_s": round(self.capacity(), 1),

@@ -192,7 +192,13 @@ def emulate(
         effects.slow,
         effects.delay_ns,
     )
-    wl = _workloads()[workload][1](ctx, cfg)  # validates (fit in memory, routes) before any file
+    try:  # validates (fit in memory, routes) before any file
+        wl = _workloads()[workload][1](ctx, cfg)
+    except WorkloadError as e:
+        if not effects.lost:
+            raise
+        gone = sorted({c for chips in effects.lost.values() for c in chips})
+        raise WorkloadError(f"{e} left: the downed links cut off {', '.join(gone)}") from None
     manifest = {
         "source": "emulator",
         "service": SERVICE,

@@ -110,7 +110,8 @@ def test_a_device_a_downed_link_cuts_off_is_left_out_and_found(tmp_path: Path) -
     healthy = _mean_latency(_emulate(tmp_path / "ok", "rack6", 400, 6975, steps=80))
     ta = _emulate(tmp_path / "cut", "rack6", 400, 6975, steps=80, faults=[f"down:{link}"])
     (m,) = ta.tables.manifests
-    assert m["workload"]["devices_unreachable"] == ["gpu:3"]
+    assert m["link_state"] == [{"link": link, "state": "down", "chips_lost": ["gpu:3"]}]
+    assert "gpu:3" not in m["workload"]["devices"]
     actual = _mean_latency(ta) - healthy
     top = ta.findings()[0]
     assert (top.rule, top.culprit, top.parts) == ("link-down", link, (link, "gpu:3"))
@@ -132,9 +133,9 @@ def test_a_downed_uplink_names_the_uplink_not_the_devices_links(tmp_path: Path) 
 
 
 def test_every_device_cut_off_is_still_an_error(tmp_path: Path) -> None:
-    from chiptrace.emulator.errors import TopologyError
+    from chiptrace.emulator.errors import WorkloadError
 
-    with pytest.raises(TopologyError, match="no route from nic:0 to gpu:7 .*links down"):
+    with pytest.raises(WorkloadError, match="has none left: the downed links cut off gpu:0, "):
         _emulate(
             tmp_path / "x",
             "pcie8",
