@@ -126,7 +126,12 @@ class _Builder:
                 kids[p].append(sid)
         self.kids = kids
         self.root_id = root_id if root_id in self.rows else None
-        leaves = [sid for sid in self.rows if sid not in kids and sid != self.root_id]
+        ends = {e for r in self.rows.values() if r.get("link_id") for e in _ends(r)}
+        leaves = [
+            sid
+            for sid, r in self.rows.items()
+            if sid not in kids and sid != self.root_id and not _mirror(r, ends)
+        ]
         leaves.sort(key=lambda s: (int(self.rows[s]["start_ns"]), int(self.rows[s]["end_ns"])))
         self.nodes = [self._node(self.rows[s]) for s in leaves]
         self.index = {n.span_id: i for i, n in enumerate(self.nodes)}
@@ -178,6 +183,25 @@ class _Builder:
         lo = bisect.bisect_left(self.ends, t - slack)
         hi = bisect.bisect_right(self.ends, t)
         return self.by_end[lo:hi]
+
+
+PASS_THROUGH = ("switch", "nic")  # chips that forward transfers rather than compute
+
+
+def _ends(r: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(x for x in (r.get("link_src"), r.get("link_dst")) if x)
+
+
+def _mirror(r: Mapping[str, Any], ends: set[str]) -> bool:
+    """A switch's or NIC's comm/io span over transfers the step records hop by hop (the
+    emulator's `forward`, `rx`): it lasts as long as they do, so it is their record, not
+    work of its own; as a node it would keep their old time when a change speeds them."""
+    return (
+        r.get("chip_type") in PASS_THROUGH
+        and r.get("op_kind") in ("comm", "io")
+        and not r.get("link_id")
+        and r.get("chip_id") in ends
+    )
 
 
 def _resource(n: Node) -> tuple[str, ...] | None:
