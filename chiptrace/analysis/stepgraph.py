@@ -29,14 +29,17 @@ Built per step from that step's spans (`build`), and streamed over a workload's 
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from chiptrace.analysis import hops as hop_table
 from chiptrace.analysis.critical_path import link_span_ids
+from chiptrace.analysis.hops import Hops
 from chiptrace.analysis.steps import load_steps
 from chiptrace.topology import Topology
 
@@ -59,8 +62,6 @@ class Node:
     dst: str | None = None
     nbytes: float = 0.0
     span_id: str = ""
-    group: int = -1  # transfers: hops of one transfer share a group
-    concurrency: int = 1  # transfers on the same link direction at this one's midpoint
 
     @property
     def dur(self) -> int:
@@ -84,6 +85,8 @@ class StepGraph:
             first work waits for its last request to arrive).
         external: per node, the span ids it links to in other steps (input prefetched
             during the step before): the replay of consecutive steps carries them over.
+        hops: the link hops of the transfer nodes (hops.Hops, owners are node indices).
+        alias: span ids of hops merged into another's node -> that node (for `external`).
     """
 
     trace_id: str
@@ -96,6 +99,9 @@ class StepGraph:
     anchored: list[bool] = field(default_factory=list)
     floor: dict[int, int] = field(default_factory=dict)  # never starts before (ns)
     external: dict[int, list[str]] = field(default_factory=dict)  # links to other steps
+    hops: Hops = field(default_factory=Hops.empty)
+    alias: dict[str, int] = field(default_factory=dict)
+    cache: dict[Any, Any] = field(default_factory=dict)  # what a replay derives once a graph
 
     @property
     def duration_ns(self) -> int:
@@ -111,9 +117,17 @@ def _slack(n: Node) -> int:
 
 
 class _Builder:
-    """Indexes one step's spans and derives each leaf's gating predecessors."""
+    """Indexes one step's spans and derives each leaf's gating predecessors. `hops`: the
+    step's transfers already grouped (rows hold one representative each, `alias` maps
+    the other hops' ids to it); None: group the rows' leaf link spans here."""
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]], root_id: str | None) -> None:
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        root_id: str | None,
+        hops: Hops | None = None,
+        alias: dict[str, str] | None = None,
+    ) -> None:
         self.rows = {r["span_id"]: r for r in rows}
         self.parent = {
             sid: r.get("parent_span_id") or None
@@ -126,15 +140,23 @@ class _Builder:
                 kids[p].append(sid)
         self.kids = kids
         self.root_id = root_id if root_id in self.rows else None
-        ends = {e for r in self.rows.values() if r.get("link_id") for e in _ends(r)}
-        leaves = [
-            sid
-            for sid, r in self.rows.items()
-            if sid not in kids and sid != self.root_id and not _mirror(r, ends)
-        ]
+        leaves = [sid for sid in self.rows if sid not in kids and sid != self.root_id]
+        if hops is None:
+            drop, hops, alias = hop_table.from_rows(
+                list(self.rows.values()), self.parent, set(leaves)
+            )
+            gone = set(drop)
+            leaves = [sid for sid in leaves if sid not in gone]
+            for sid in gone:
+                del self.rows[sid]
+        self.alias = alias or {}
+        ends = {x for d in hops.dirs for x in d[1:] if x}
+        leaves = [sid for sid in leaves if not _mirror(self.rows[sid], ends)]
         leaves.sort(key=lambda s: (int(self.rows[s]["start_ns"]), int(self.rows[s]["end_ns"])))
         self.nodes = [self._node(self.rows[s]) for s in leaves]
         self.index = {n.span_id: i for i, n in enumerate(self.nodes)}
+        hops.renumber([self.index.get(r, -1) for r in hops.reps])
+        self.hops = hops
         self.by_end = sorted(range(len(self.nodes)), key=lambda i: self.nodes[i].end)
         self.ends = [self.nodes[i].end for i in self.by_end]
         self._last_leaf: dict[str, int] = {}
@@ -188,10 +210,6 @@ class _Builder:
 PASS_THROUGH = ("switch", "nic")  # chips that forward transfers rather than compute
 
 
-def _ends(r: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(x for x in (r.get("link_src"), r.get("link_dst")) if x)
-
-
 def _mirror(r: Mapping[str, Any], ends: set[str]) -> bool:
     """A switch's or NIC's comm/io span over transfers the step records hop by hop (the
     emulator's `forward`, `rx`): it lasts as long as they do, so it is their record, not
@@ -202,14 +220,6 @@ def _mirror(r: Mapping[str, Any], ends: set[str]) -> bool:
         and not r.get("link_id")
         and r.get("chip_id") in ends
     )
-
-
-def _resource(n: Node) -> tuple[str, ...] | None:
-    if n.link:
-        return ("link", n.link, n.src or "", n.dst or "")
-    if n.chip:
-        return ("chip", n.chip)
-    return None
 
 
 class _Latest:
@@ -231,9 +241,16 @@ class _Latest:
         return self.order[lo : bisect.bisect_right(self.ends, t)]
 
 
-def _hops_key(b: _Builder, n: Node) -> tuple[Any, ...]:
-    """What the hops of one transfer share: parent, name, bytes and times."""
-    return (b.parent.get(n.span_id), n.name, n.nbytes, n.start, n.end)
+def _pairs(h: Hops, end: int, chips: set[str]) -> list[tuple[int, str]]:
+    """(transfer node, chip) for each chip among `chips` that its hops leave from (end 1)
+    or arrive at (end 2), each pair once (NumPy: a step has ~1.8M hops)."""
+    names = sorted(chips)
+    code = {c: k for k, c in enumerate(names)}
+    per_dir = np.array([code.get(d[end], -1) for d in h.dirs], np.int64)
+    at = per_dir[h.dir] if len(h) else np.zeros(0, np.int64)
+    ok = at >= 0
+    pairs = np.unique(h.owner[ok] * max(len(names), 1) + at[ok])
+    return [(int(p) // len(names), names[int(p) % len(names)]) for p in pairs.tolist()]
 
 
 class _Edges:
@@ -243,17 +260,19 @@ class _Edges:
         self.b = b
         nodes = b.nodes
         groups: dict[Any, list[int]] = defaultdict(list)
-        dst: dict[str, list[int]] = defaultdict(list)
-        self.srcs: dict[tuple[Any, ...], set[str]] = defaultdict(set)  # a transfer's hops
         for i, n in enumerate(nodes):
-            if n.link and n.src:
-                self.srcs[_hops_key(b, n)].add(n.src)
-            key = _resource(n)
-            if key is not None:
-                groups[key].append(i)
-            if n.link and n.dst:
-                dst[n.dst].append(i)
+            if n.chip and not n.link:
+                groups[("chip", n.chip)].append(i)
         self.res = {k: _Latest(nodes, v) for k, v in groups.items()}
+        chips = {k[1] for k in groups}
+        # A transfer's chips: where its hops leave (its producers) and arrive (consumers).
+        h = b.hops
+        self.srcs: dict[int, set[str]] = defaultdict(set)
+        for o, chip in _pairs(h, 1, chips):
+            self.srcs[o].add(chip)
+        dst: dict[str, set[int]] = defaultdict(set)
+        for o, chip in _pairs(h, 2, chips):
+            dst[chip].add(o)
         # A collective round (transfers under one parent that start together) ends with
         # its last transfer: what reads its result waits for that one.
         rounds: dict[tuple[Any, int], list[int]] = defaultdict(list)
@@ -263,11 +282,18 @@ class _Edges:
         self.round_last = {
             i: max(v, key=lambda k: nodes[k].end) for v in rounds.values() for i in v
         }
-        self.into = {k: _Latest(nodes, v) for k, v in dst.items()}
+        self.into = {k: _Latest(nodes, sorted(v)) for k, v in dst.items()}
         self.joins: dict[tuple[Any, ...], list[int]] = {}
         self.preds: list[dict[int, int]] = [{} for _ in nodes]
         self.after: list[set[int]] = [set() for _ in nodes]
         self.join_of: list[tuple[Any, ...] | None] = [None] * len(nodes)
+        start = np.fromiter((n.start for n in nodes), np.int64, len(nodes))
+        end = np.fromiter((n.end for n in nodes), np.int64, len(nodes))
+        slack = np.maximum(MIN_SLACK_NS, (end - start) // 100)
+        # the order of transfers on each link direction (a link is shared, not serial: only
+        # what gated a transfer binds it), from the hops at once
+        for i, j, gap in hop_table.order_edges(h, start, end, slack):
+            self.preds[i][j] = gap
         for i in range(len(nodes)):
             self._derive(i)
 
@@ -288,10 +314,10 @@ class _Edges:
     def _derive(self, i: int) -> None:
         b, n = self.b, self.b.nodes[i]
         slack = _slack(n)
-        key = _resource(n)
-        if key is not None:  # a link is shared, not serial: its order binds nothing
-            self._add(i, self.res[key].latest(b.nodes, i, n.start + slack), not n.link)
+        if n.chip and not n.link:  # the chip's work before it, in order
+            self._add(i, self.res[("chip", n.chip)].latest(b.nodes, i, n.start + slack))
         for lid in link_span_ids(b.rows[n.span_id].get("links")):
+            lid = b.alias.get(lid, lid)
             if lid in b.rows:
                 self._add(i, b.last_leaf(lid))
         if n.chip and n.chip in self.into:  # the transfers that delivered its input
@@ -300,10 +326,9 @@ class _Edges:
             last = self.into[n.chip].latest(b.nodes, i, n.start + slack)
             if last is not None and n.start - b.nodes[self.round_last[last]].end <= slack:
                 self._add(i, self.round_last[last])  # ... and the rest of its round
-        for src in self.srcs.get(_hops_key(b, n), ()) if n.link else ():
-            if ("chip", src) in self.res:  # the work that produced it (any hop's source)
-                for j in self.res[("chip", src)].within(n.start, slack):
-                    self._add(i, j)
+        for src in self.srcs.get(i, ()):  # the work that produced it (any hop's source)
+            for j in self.res[("chip", src)].within(n.start, slack):
+                self._add(i, j)
         parent = b.parent.get(n.span_id)
         jkey = (parent, n.start, bool(n.link))
         if jkey not in self.joins:
@@ -340,7 +365,12 @@ class _Edges:
         return out
 
 
-def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> StepGraph:
+def build(
+    rows: Iterable[Mapping[str, Any]],
+    root_id: str | None = None,
+    hops: Hops | None = None,
+    alias: dict[str, str] | None = None,
+) -> StepGraph:
     """The dependency graph of one step.
 
     Args:
@@ -348,6 +378,8 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
             name, start_ns, end_ns, chip_id, chip_type, link_id, link_type, link_src,
             link_dst, op_bytes, links.
         root_id: the step's root span (default: the longest span without a parent).
+        hops, alias: the transfers already grouped (hops.load: rows then hold one span per
+            transfer); default: the leaf link spans of `rows` grouped here.
     """
     rows = list(rows)
     if not rows:
@@ -356,7 +388,7 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
         ids = {r["span_id"] for r in rows}
         tops = [r for r in rows if (r.get("parent_span_id") or None) not in ids]
         root_id = max(tops, key=lambda r: int(r["end_ns"]) - int(r["start_ns"]))["span_id"]
-    b = _Builder(rows, root_id)
+    b = _Builder(rows, root_id, hops, alias)
     root = b.rows.get(root_id or "")
     e = _Edges(b)
     nodes = list(b.nodes)
@@ -377,9 +409,15 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
             preds.append({j: t - nodes[j].end for j in members})
             after.append(set())
         preds[i][join_index[jkey]] = 0
-    _transfers(nodes, b)
     order = sorted(range(len(nodes)), key=lambda i: (nodes[i].start, nodes[i].name != JOIN))
     new = {old: k for k, old in enumerate(order)}
+    b.hops.renumber([new[i] for i in range(len(nodes))])
+    ordered = [nodes[i] for i in order]
+    hop_table.crowding(
+        b.hops,
+        np.fromiter((n.start for n in ordered), np.int64, len(ordered)),
+        np.fromiter((n.end for n in ordered), np.int64, len(ordered)),
+    )
     lo = int(root["start_ns"]) if root else min(n.start for n in nodes)
     hi = int(root["end_ns"]) if root else lo
     hi = max([hi, *(n.end for n in nodes)])
@@ -388,7 +426,7 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
         name=str((root or rows[0]).get("name") or ""),
         start_ns=lo,
         end_ns=hi,
-        nodes=[nodes[i] for i in order],
+        nodes=ordered,
         preds=[sorted((new[j], g) for j, g in preds[i].items()) for i in order],
         after=[sorted(new[j] for j in after[i] - preds[i].keys()) for i in order],
         anchored=[not preds[i] and nodes[i].name != JOIN for i in order],
@@ -399,10 +437,12 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
                 ext := [
                     x
                     for x in link_span_ids(b.rows[nodes[i].span_id].get("links"))
-                    if x not in b.rows
+                    if x not in b.rows and x not in b.alias
                 ]
             )
         },
+        hops=b.hops,
+        alias={a: new[b.index[r]] for a, r in b.alias.items() if r in b.index},
     )
 
 
@@ -425,35 +465,25 @@ def _rounds(b: _Builder, preds: list[dict[int, int]]) -> list[dict[int, int]]:
     return preds
 
 
-def _transfers(nodes: list[Node], b: _Builder) -> None:
-    """Group the hops of each transfer (same parent, name, bytes and times) and count the
-    transfers that share each hop's link direction at its midpoint."""
-    groups: dict[tuple[Any, ...], int] = {}
-    per_dir: dict[tuple[str, ...], list[Node]] = defaultdict(list)
-    for n in nodes:
-        if not n.link:
-            continue
-        n.group = groups.setdefault(_hops_key(b, n), len(groups))
-        per_dir[("link", n.link, n.src or "", n.dst or "")].append(n)
-    for lst in per_dir.values():
-        starts = sorted(n.start for n in lst)
-        ends = sorted(n.end for n in lst)
-        for n in lst:
-            mid = (n.start + n.end) // 2
-            n.concurrency = max(
-                bisect.bisect_right(starts, mid) - bisect.bisect_right(ends, mid), 1
-            )
-
-
 def iter_graphs(
     con: Any, steps: pa.Table, rows: Sequence[int] | None = None, batch: int = 4
 ) -> Iterator[StepGraph]:
     """The graphs of a workload's steps (rows of its `steps` table; default all), loading
-    `batch` steps' spans at a time: memory holds a few steps, not the run."""
+    `batch` steps' spans at a time, and each step's transfers grouped by DuckDB
+    (hops.load): memory holds a few steps' work and one step's hops as arrays, not the
+    run (an nvl72 step's ~1.8M hops are ~1,400 transfer nodes)."""
     picks = list(range(steps.num_rows)) if rows is None else list(rows)
+    shared = Counter(steps.column("trace_id").to_pylist())
+    starts, ends = steps.column("start_ns").to_pylist(), steps.column("end_ns").to_pylist()
     for k in range(0, len(picks), batch):
-        for st in load_steps(con, steps, picks[k : k + batch]):
-            yield build(st.spans, st.root_id)
+        chunk = picks[k : k + batch]
+        lo, hi = min(starts[i] for i in chunk), max(ends[i] for i in chunk)
+        for st in load_steps(con, steps, chunk, transfers=False):
+            groups, hops, alias = hop_table.load(con, st.trace_id, lo, hi)
+            if shared[st.trace_id] > 1:  # a loop inside one span: this step's part only
+                mine = {r["span_id"] for r in st.spans}
+                groups = [g for g in groups if (g["parent_span_id"] or "") in mine]
+            yield build([*st.spans, *groups], st.root_id, hops, alias)
 
 
 def topology_of(tables: Any) -> Topology:
