@@ -23,24 +23,23 @@ request arriving, a straggler's delay): it is anchored at its start, and the rep
 moves it earlier unless the change removes that delay.
 
 Built per step from that step's spans (`build`), and streamed over a workload's steps
-(`iter_graphs`), a few steps' spans in memory at a time. Cost: O(n log n) per step.
+(graphs.iter_graphs), a few steps' spans in memory at a time. Cost: O(n log n) per step.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import heapq
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from chiptrace.analysis import hops as hop_table
 from chiptrace.analysis.critical_path import link_span_ids
 from chiptrace.analysis.hops import Hops
-from chiptrace.analysis.steps import load_steps
 from chiptrace.topology import Topology
 
 MIN_SLACK_NS = 2_000  # a predecessor that ended this close before a span started gated it
@@ -87,6 +86,8 @@ class StepGraph:
             during the step before): the replay of consecutive steps carries them over.
         hops: the link hops of the transfer nodes (hops.Hops, owners are node indices).
         alias: span ids of hops merged into another's node -> that node (for `external`).
+        members: the ranks' steps of a joined graph (graphs.py): each one's start, end
+            and nodes; empty for a graph of one step.
     """
 
     trace_id: str
@@ -102,6 +103,7 @@ class StepGraph:
     hops: Hops = field(default_factory=Hops.empty)
     alias: dict[str, int] = field(default_factory=dict)
     cache: dict[Any, Any] = field(default_factory=dict)  # what a replay derives once a graph
+    members: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
 
     @property
     def duration_ns(self) -> int:
@@ -110,6 +112,11 @@ class StepGraph:
     @property
     def edges(self) -> int:
         return sum(len(p) for p in self.preds)
+
+
+# A hook of `build`: given the nodes, each one's gating predecessors (index -> gap) and the
+# work it follows, it may add nodes and change edges (every index stays valid).
+Extra = Callable[[list[Node], list[dict[int, int]], list[set[int]]], None]
 
 
 def _slack(n: Node) -> int:
@@ -370,6 +377,7 @@ def build(
     root_id: str | None = None,
     hops: Hops | None = None,
     alias: dict[str, str] | None = None,
+    extra: Extra | None = None,
 ) -> StepGraph:
     """The dependency graph of one step.
 
@@ -380,6 +388,8 @@ def build(
         root_id: the step's root span (default: the longest span without a parent).
         hops, alias: the transfers already grouped (hops.load: rows then hold one span per
             transfer); default: the leaf link spans of `rows` grouped here.
+        extra: adds nodes and edges before the graph is ordered (nodes, preds, after:
+            graphs.join_collectives joins the ranks of a step at their collectives).
     """
     rows = list(rows)
     if not rows:
@@ -409,7 +419,9 @@ def build(
             preds.append({j: t - nodes[j].end for j in members})
             after.append(set())
         preds[i][join_index[jkey]] = 0
-    order = sorted(range(len(nodes)), key=lambda i: (nodes[i].start, nodes[i].name != JOIN))
+    if extra is not None:
+        extra(nodes, preds, after)
+    order = _topological(nodes, preds, after)
     new = {old: k for k, old in enumerate(order)}
     b.hops.renumber([new[i] for i in range(len(nodes))])
     ordered = [nodes[i] for i in order]
@@ -446,6 +458,34 @@ def build(
     )
 
 
+def _topological(
+    nodes: list[Node], preds: list[dict[int, int]], after: list[set[int]]
+) -> list[int]:
+    """Node indices in start order (a join before the work it gates at the same time),
+    every predecessor first: zero-length nodes at one time (a rank's arrival at a
+    collective, the join of the arrivals) are ordered by their edges, not their names."""
+    succ: list[list[int]] = [[] for _ in nodes]
+    need = [0] * len(nodes)
+    for i in range(len(nodes)):
+        for j in {*preds[i], *after[i]}:
+            succ[j].append(i)
+            need[i] += 1
+    key = [(n.start, n.name != JOIN, i) for i, n in enumerate(nodes)]
+    ready = [key[i] for i in range(len(nodes)) if not need[i]]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        *_, i = heapq.heappop(ready)
+        out.append(i)
+        for k in succ[i]:
+            need[k] -= 1
+            if not need[k]:
+                heapq.heappush(ready, key[k])
+    if len(out) < len(nodes):  # a cycle (clock skew between hosts): start order for the rest
+        out += sorted(set(range(len(nodes))) - set(out), key=lambda i: key[i])
+    return out
+
+
 def _rounds(b: _Builder, preds: list[dict[int, int]]) -> list[dict[int, int]]:
     """Transfers under one parent that start together are one round of a collective: each
     waits for whatever gated any of them (the last rank to produce its data)."""
@@ -463,27 +503,6 @@ def _rounds(b: _Builder, preds: list[dict[int, int]]) -> list[dict[int, int]]:
             for i in members:
                 preds[i] = {**union, **preds[i]}
     return preds
-
-
-def iter_graphs(
-    con: Any, steps: pa.Table, rows: Sequence[int] | None = None, batch: int = 4
-) -> Iterator[StepGraph]:
-    """The graphs of a workload's steps (rows of its `steps` table; default all), loading
-    `batch` steps' spans at a time, and each step's transfers grouped by DuckDB
-    (hops.load): memory holds a few steps' work and one step's hops as arrays, not the
-    run (an nvl72 step's ~1.8M hops are ~1,400 transfer nodes)."""
-    picks = list(range(steps.num_rows)) if rows is None else list(rows)
-    shared = Counter(steps.column("trace_id").to_pylist())
-    starts, ends = steps.column("start_ns").to_pylist(), steps.column("end_ns").to_pylist()
-    for k in range(0, len(picks), batch):
-        chunk = picks[k : k + batch]
-        lo, hi = min(starts[i] for i in chunk), max(ends[i] for i in chunk)
-        for st in load_steps(con, steps, chunk, transfers=False):
-            groups, hops, alias = hop_table.load(con, st.trace_id, lo, hi)
-            if shared[st.trace_id] > 1:  # a loop inside one span: this step's part only
-                mine = {r["span_id"] for r in st.spans}
-                groups = [g for g in groups if (g["parent_span_id"] or "") in mine]
-            yield build([*st.spans, *groups], st.root_id, hops, alias)
 
 
 def topology_of(tables: Any) -> Topology:

@@ -135,7 +135,7 @@ def load_steps(
     A step that shares its trace with other steps of its workload (a loop inside one span)
     keeps only its root's descendants; chip and link types missing from a span are taken
     from its ids, as the store's writers do. `transfers=False`: all but the link spans
-    (the step graph reads those grouped, stepgraph.iter_graphs)."""
+    (the step graph reads those grouped, graphs.iter_graphs)."""
     if not rows:
         return []
     sel = steps.take(pa.array(list(rows))).to_pylist()

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from chiptrace.analysis.metrics import HOST_COLLECTIVE
+from chiptrace.analysis.graphs import COLLECTIVES
 from chiptrace.analysis.stepgraph import JOIN, Node, StepGraph
 from chiptrace.topology import Topology
 
@@ -233,10 +233,27 @@ def _peer_offsets(g: StepGraph, chips: frozenset[str]) -> dict[int, float]:
         same = peers.get((n.name, own.split(":", 1)[0]))
         if same:
             out[i] = n.start - max(waits[i] - statistics.median(same), 0.0)
+    for k, late in _late_members(g, chips).items():
+        for i in g.members[k][2].tolist():
+            if g.anchored[i]:
+                out[i] = min(out.get(i, float(g.nodes[i].start)), g.nodes[i].start - late)
     return out
 
 
-COLLECTIVES = (*HOST_COLLECTIVE, "ncclKernel", "ncclDevKernel", "rccl")
+def _late_members(g: StepGraph, chips: frozenset[str]) -> dict[int, float]:
+    """Ranks' steps of a joined graph whose collectives ran on `chips` (the chip a rank
+    arrives late on) and that started later than the median rank's: how much later
+    (their whole step starts sooner when undelayed)."""
+    if not chips or len(g.members) < 2:
+        return {}
+    med = statistics.median(m[0] for m in g.members)
+    out = {}
+    for k, (start, _, idx) in enumerate(g.members):
+        mine = (g.nodes[i] for i in idx.tolist())
+        at = (n for n in mine if n.name.startswith(COLLECTIVES))
+        if start > med and any(_matches(chips, n.chip, n.chip_type) for n in at):
+            out[k] = float(start - med)
+    return out
 
 
 def durations(g: StepGraph, change: Change, topo: Topology) -> list[float]:
@@ -306,24 +323,45 @@ def _duration(g: StepGraph, end: list[float]) -> float:
     return g.duration_ns + (max(end) - last)
 
 
+def _member_times(
+    g: StepGraph, end: list[float], change: Change | None = None
+) -> list[tuple[float, float]]:
+    """(measured, replayed) duration of each rank's step of a joined graph (its start to
+    the later of its end and its last work's; a late rank undelayed starts sooner), or
+    of the graph's one step."""
+    if not g.members:
+        return [(float(g.duration_ns), _duration(g, end))]
+    late = _late_members(g, change.undelay) if change is not None else {}
+    ends = np.asarray(end, np.float64)
+    was = np.fromiter((n.end for n in g.nodes), np.float64, len(g.nodes))
+    out = []
+    for k, (start, stop, idx) in enumerate(g.members):
+        last = float(was[idx].max()) if len(idx) else float(stop)
+        measured = max(float(stop), last) - start
+        moved = float(ends[idx].max()) - last if len(idx) else 0.0
+        out.append((measured, measured + moved + late.get(k, 0.0)))
+    return out
+
+
 def replay_all(
     graphs: Iterable[StepGraph], changes: Mapping[str, Change], topo: Topology
 ) -> dict[str, Any]:
     """Measured and replayed step times of many steps (in run order) under several changes
-    at once (each graph built once): {"measured": [ns], name: [ns] per change}. Work that
-    waited for the step before (prefetched input) moves with it."""
+    at once (each graph built once): {"measured": [ns], name: [ns] per change}, one entry
+    per step (per rank's step of a joined graph). Work that waited for the step before
+    (prefetched input) moves with it."""
     out: dict[str, list[float]] = {"measured": [], **{k: [] for k in changes}}
     carry: dict[str, Carry] = {k: {} for k in changes}
     shift = dict.fromkeys(changes, 0.0)
     for g in graphs:
-        out["measured"].append(float(g.duration_ns))
-        for k, c in changes.items():
-            if not g.nodes:
+        if not g.nodes:
+            for k in out:
                 out[k].append(float(g.duration_ns))
-                continue
+            continue
+        out["measured"].extend(was for was, _ in _member_times(g, [n.end for n in g.nodes]))
+        for k, c in changes.items():
             end = replay_ends(g, c, topo, carry[k], shift[k])
-            d = _duration(g, end)
-            out[k].append(d)
+            out[k].extend(new for _, new in _member_times(g, end, c))
             carry[k] = {
                 n.span_id: (n.end, shift[k] + end[i] - n.end)
                 for i, n in enumerate(g.nodes)
@@ -331,7 +369,7 @@ def replay_all(
             }
             for a, i in g.alias.items():  # hops merged into a transfer's node
                 carry[k][a] = (g.nodes[i].end, shift[k] + end[i] - g.nodes[i].end)
-            shift[k] += d - g.duration_ns
+            shift[k] += _duration(g, end) - g.duration_ns
     return out
 
 
@@ -349,6 +387,15 @@ def spread(n: int, k: int = MAX_STEPS) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
+def spread_groups(steps: Any, k: int = MAX_STEPS) -> list[int]:
+    """Rows of up to `k` of the run's steps evenly spread, each with every rank's copy of
+    it (steps.step_groups): a replay joins the ranks of a step at their collectives."""
+    from chiptrace.analysis.steps import step_groups
+
+    groups = step_groups(steps)
+    return sorted(i for j in spread(len(groups), k) for i in groups[j])
+
+
 def p50(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
@@ -359,14 +406,14 @@ def evaluate(
     """Replay a workload's steps (its `steps` table; at most MAX_STEPS, spread) under each
     change: per change the measured and replayed median step and the saving (ns).
     `stages` (analysis/stages.Stages): the changes replayed as stages (here, or on a cluster)."""
-    from chiptrace.analysis.stepgraph import iter_graphs
+    from chiptrace.analysis.graphs import iter_graphs
 
     if too_big(con, steps):
         return {}
     if stages is not None:
-        r = stages.replays(steps, spread(steps.num_rows), changes, topo)
+        r = stages.replays(steps, spread_groups(steps), changes, topo)
     else:
-        r = replay_all(iter_graphs(con, steps, spread(steps.num_rows)), changes, topo)
+        r = replay_all(iter_graphs(con, steps, spread_groups(steps)), changes, topo)
     m = p50(r["measured"])
     return {
         k: {"steps": len(v), "measured_ns": m, "replayed_ns": p50(v), "saving_ns": m - p50(v)}

@@ -12,6 +12,7 @@ import pytest
 
 from chiptrace.analysis import TraceAnalysis
 from chiptrace.analysis import stepgraph as sg
+from chiptrace.analysis.graphs import iter_graphs
 from chiptrace.analysis.steps import load_steps
 from chiptrace.analysis.whatif import Change, evaluate, replay
 
@@ -63,7 +64,7 @@ def test_hops_grouped_in_duckdb_make_the_graph_rows_make(mixed: dict[str, Path])
     ta = TraceAnalysis(mixed["degrade"])
     (w,) = [w for w in ta.tables.workloads if w.name != "request"]
     topo = ta.tables.topology
-    stored = list(sg.iter_graphs(ta.con, w.steps))
+    stored = list(iter_graphs(ta.con, w.steps))
     rows = [sg.build(st.spans, st.root_id) for st in load_steps(ta.con, w.steps, [0, 1])]
     for a, b in zip(stored, rows, strict=True):
         assert [(n.name, n.start, n.end, n.chip) for n in a.nodes] == [
@@ -94,7 +95,7 @@ def test_nvl72_steps_replay(tmp_path: Path) -> None:
     faulty = _emulate(tmp_path / "d", "nvl72", "train", f"degrade:{link}:0.1", 5)
     ta = TraceAnalysis(faulty)
     topo = ta.tables.topology
-    graphs = list(sg.iter_graphs(ta.con, ta.tables.steps))
+    graphs = list(iter_graphs(ta.con, ta.tables.steps))
     assert len(graphs) == 2
     for g in graphs:
         assert len(g.hops) > 1_000_000 and len(g.nodes) < 20_000
