@@ -90,7 +90,10 @@ def from_rows(
             groups.setdefault(hop_key(parent.get(r["span_id"]), r), []).append(r)
     dir_ix: dict[Dir, int] = {}
     types: list[str | None] = []
-    owner, dirs, reps, drop = [], [], [], []
+    owner: list[int] = []
+    dirs: list[int] = []
+    reps: list[str] = []
+    drop: list[str] = []
     alias: dict[str, str] = {}
     for members in groups.values():
         rep = min(m["span_id"] for m in members)
@@ -278,4 +281,4 @@ def order_edges(
     out = out[np.lexsort((out[:, 2], out[:, 1], out[:, 0]))]
     first = np.ones(len(out), bool)
     first[1:] = (out[1:, 0] != out[:-1, 0]) | (out[1:, 1] != out[:-1, 1])
-    return [tuple(r) for r in out[first].tolist()]  # type: ignore[misc]
+    return [(int(a), int(b), int(c)) for a, b, c in out[first].tolist()]
