@@ -31,6 +31,9 @@ from chiptrace.analysis.steps import Step, load_steps, step_groups
 COLLECTIVES = (*HOST_COLLECTIVE, "ncclKernel", "ncclDevKernel", "rccl")
 ARRIVE = "(arrive)"  # a rank's arrival at a collective
 _VIRTUAL = "(ranks)"
+# Spans of work (Python rows, ~50 us each to derive) past which the ranks of a step are
+# replayed one by one instead of joined.
+JOIN_MAX_SPANS = 400_000
 
 
 def iter_graphs(
@@ -63,6 +66,10 @@ def iter_graphs(
         lo, hi = min(starts[i] for i in flat), max(ends[i] for i in flat)
         for u in chunk:
             sts = [loaded[i] for i in u]
+            if sum(len(st.spans) for st in sts) > JOIN_MAX_SPANS:  # too big to join: per rank
+                for st in sts:
+                    yield _graph(con, [st], lo, hi, True)
+                continue
             yield _graph(con, sts, lo, hi, shared[sts[0].trace_id] > 1)
 
 

@@ -13,7 +13,7 @@ import pytest
 from kineto_synth import Job, write
 
 from chiptrace import import_trace
-from chiptrace.analysis import TraceAnalysis
+from chiptrace.analysis import TraceAnalysis, graphs
 from chiptrace.analysis.graphs import iter_graphs
 from chiptrace.analysis.whatif import Change, replay_all
 
@@ -74,3 +74,15 @@ def test_a_late_rank_is_priced_by_the_replay(jobs: dict[str, Path]) -> None:
     assert found and found[0].rule == "rank-straggler"
     assert found[0].evidence.get("what_if")  # replayed, not the rule's own estimate
     assert abs(found[0].saving_ns - actual) <= 0.25 * actual, (found[0].saving_ns, actual)
+
+
+def test_ranks_too_big_to_join_replay_one_by_one(
+    jobs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(graphs, "JOIN_MAX_SPANS", 10)
+    ta = TraceAnalysis(jobs["slow"])
+    steps = ta.tables.steps
+    alone = list(iter_graphs(ta.con, steps))
+    assert len(alone) == steps.num_rows and not any(g.members for g in alone)
+    r = replay_all(alone, {"none": Change()}, ta.tables.topology)
+    assert all(abs(a - b) <= 1e-4 * a for a, b in zip(r["measured"], r["none"], strict=True))
