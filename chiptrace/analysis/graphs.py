@@ -55,6 +55,7 @@ def iter_graphs(
     units.sort(key=lambda u: min(first[i] for i in u))
     shared = Counter(steps.column("trace_id").to_pylist())
     starts, ends = steps.column("start_ns").to_pylist(), steps.column("end_ns").to_pylist()
+    best = link_best(con, min(starts, default=0), max(ends, default=0)) if picks else {}
     k = 0
     while k < len(units):
         chunk = [units[k]]
@@ -68,9 +69,24 @@ def iter_graphs(
             sts = [loaded[i] for i in u]
             if sum(len(st.spans) for st in sts) > JOIN_MAX_SPANS:  # too big to join: per rank
                 for st in sts:
-                    yield _graph(con, [st], lo, hi, True)
+                    g = _graph(con, [st], lo, hi, True)
+                    g.cache["link_best"] = best
+                    yield g
                 continue
-            yield _graph(con, sts, lo, hi, shared[sts[0].trace_id] > 1)
+            g = _graph(con, sts, lo, hi, shared[sts[0].trace_id] > 1)
+            g.cache["link_best"] = best
+            yield g
+
+
+def link_best(con: Any, lo: int, hi: int) -> dict[str, float]:
+    """Per link, the fastest any one transfer crossed it (bytes/s) in [lo, hi]: at least
+    what the link can deliver, read once for all the steps replayed."""
+    rows = con.sql(
+        "SELECT CAST(link_id AS VARCHAR), max(op_bytes * 1e9 / (end_ns - start_ns)) "
+        f"FROM spans_raw WHERE link_id IS NOT NULL AND op_bytes > 0 AND end_ns > start_ns "
+        f"AND start_ns >= {int(lo)} AND start_ns <= {int(hi)} GROUP BY 1"
+    ).fetchall()
+    return {str(k): float(v) for k, v in rows if v}
 
 
 def _graph(con: Any, sts: list[Step], lo: int, hi: int, shared: bool) -> StepGraph:

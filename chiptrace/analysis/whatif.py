@@ -10,11 +10,13 @@ Changes (`Change`):
 - `bandwidth`: a link, or every link of a type, at a new bandwidth (bytes/s per direction).
   A transfer's time is its route latency plus bytes over its rate; its rate scales with the
   changed link's bandwidth over what that link delivers now (its best moment: the most the
-  transfers sharing it moved together, against what the best link of its type moved), but
-  never past what the transfer's other hops delivered to it (a faster link behind a
-  saturated one saves nothing);
+  transfers sharing it moved together, or its fastest transfer in the run, against what
+  the best link of its type moved), but never past what the transfer's other hops can
+  deliver to it, shared as they were (a faster link behind a saturated one saves nothing);
 - `undelay`: chips whose late starts (against the same work on the other chips of their
-  type) are removed: a straggler's delay;
+  type) are removed: a straggler's delay; in a graph of several ranks' steps
+  (graphs.py), a rank whose step started later than its peers' (at the collectives it
+  ran on that chip) starts with them;
 - `typical`: links whose transfers take their typical time again (the step's median for
   the same name and size): traffic a downed or flapping link slowed.
 
@@ -76,6 +78,11 @@ class _Rates:
         # carried transfers held back elsewhere (a ring's hop behind a degraded link).
         cap = np.zeros(len(links))
         np.maximum.at(cap, self.dir_link, dcap)
+        # ... or its best anywhere in the run: where a degraded link holds every transfer
+        # of a step's collective, the other links on its path never showed their speed
+        # in that step (graphs.iter_graphs reads each link's fastest transfer).
+        best_run = g.cache.get("link_best", {})
+        cap = np.maximum(cap, [float(best_run.get(lk, 0.0)) for lk in links])
         self.cap = np.where(cap > 0, cap, np.nan)
         util: dict[str, float] = {}
         best: dict[str, float] = defaultdict(float)

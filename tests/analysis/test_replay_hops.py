@@ -103,3 +103,16 @@ def test_nvl72_steps_replay(tmp_path: Path) -> None:
     actual = _train_p50(faulty) - _train_p50(healthy)
     saving = _fix_saving(faulty, link)
     assert abs(saving - actual) <= 0.25 * actual, (saving, actual)
+
+
+def test_a_degraded_uplink_is_priced_in_every_step(tmp_path: Path) -> None:
+    """pcie8's second step is all-reduce only, all of it behind the degraded uplink: the
+    other links never showed their speed in it, so the replay reads each link's fastest
+    transfer over the run (the first step's input copies)."""
+    link = "pcie4:switch:1-cpu:0"
+    healthy = _emulate(tmp_path / "h", "pcie8", "train", None, 314)
+    faulty = _emulate(tmp_path / "d", "pcie8", "train", f"degrade:{link}:0.2", 314)
+    actual = _train_p50(faulty) - _train_p50(healthy)
+    assert actual > _train_p50(healthy)
+    saving = _fix_saving(faulty, link)
+    assert abs(saving - actual) <= 0.25 * actual, (saving, actual)
