@@ -45,8 +45,8 @@ def iter_graphs(
     picks = list(range(steps.num_rows)) if rows is None else list(rows)
     chosen = set(picks)
     units: list[list[int]] = []
-    for g in step_groups(steps):
-        mine = [i for i in g if i in chosen]
+    for group in step_groups(steps):
+        mine = [i for i in group if i in chosen]
         if len(mine) > 1:
             units.append(mine)
         else:
