@@ -391,16 +391,22 @@ def spread(n: int, k: int = MAX_STEPS) -> list[int]:
     """Up to `k` step indices evenly spread over `n`."""
     if n <= k:
         return list(range(n))
+    if k <= 1:
+        return [(n - 1) // 2]  # the middle one
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
 def spread_groups(steps: Any, k: int = MAX_STEPS) -> list[int]:
-    """Rows of up to `k` of the run's steps evenly spread, each with every rank's copy of
-    it (steps.step_groups): a replay joins the ranks of a step at their collectives."""
+    """Rows of about `k` steps evenly spread over the run, in whole step groups (every
+    rank's copy of a step, steps.step_groups: a replay joins the ranks of a step at their
+    collectives), at least one group."""
     from chiptrace.analysis.steps import step_groups
 
     groups = step_groups(steps)
-    return sorted(i for j in spread(len(groups), k) for i in groups[j])
+    if not groups:
+        return []
+    per = max(1, round(sum(map(len, groups)) / len(groups)))
+    return sorted(i for j in spread(len(groups), max(1, k // per)) for i in groups[j])
 
 
 def p50(values: list[float]) -> float:
