@@ -108,9 +108,9 @@ def _kind(x: RuleInput, culprit: str) -> str | None:
 
 
 # Rules that name a chip whose fix lies elsewhere: a GPU idle for its host's launches
-# (the host is what to speed up), a rank late at the collectives of an imported trace
-# (its delay is before the step's first span). They keep their own estimate.
-OWN_ESTIMATE = frozenset({"launch-bound", "rank-straggler"})
+# (the host is what to speed up). They keep their own estimate. (A rank late at the
+# collectives is replayed: the ranks of a step are one graph, joined at them.)
+OWN_ESTIMATE = frozenset({"launch-bound"})
 
 
 def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Change]:
@@ -280,9 +280,9 @@ def _evaluate(x: RuleInput, changes: dict[str, Change]) -> dict[str, dict[str, f
     steps = x.tables.steps
     # Served requests all share one replay of the batches: price the mean over all of them.
     if steps.num_rows > REPLAY_STEPS and not back_ends(steps):
-        from chiptrace.analysis.whatif import spread
+        from chiptrace.analysis.whatif import spread_groups
 
-        steps = steps.take(spread(steps.num_rows, REPLAY_STEPS))
+        steps = steps.take(spread_groups(steps, REPLAY_STEPS))
     return evaluate(x.con, steps, x.tables.topology, changes, x.stages)
 
 

@@ -115,9 +115,9 @@ def sampled_steps(
 def replay_stage(
     src: Source, steps: pa.Table, rows: Sequence[int], changes: Mapping[str, Any], topo: Any
 ) -> dict[str, list[float]]:
-    """The steps `rows`' graphs (built as in process: stepgraph.iter_graphs), replayed
+    """The steps `rows`' graphs (built as in process: graphs.iter_graphs), replayed
     under some of the changes (whatif.replay_all): measured and replayed step times."""
-    from chiptrace.analysis.stepgraph import iter_graphs
+    from chiptrace.analysis.graphs import iter_graphs
     from chiptrace.analysis.whatif import replay_all
 
     with connection(src) as con:

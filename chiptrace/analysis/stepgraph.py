@@ -23,169 +23,32 @@ request arriving, a straggler's delay): it is anchored at its start, and the rep
 moves it earlier unless the change removes that delay.
 
 Built per step from that step's spans (`build`), and streamed over a workload's steps
-(`iter_graphs`), a few steps' spans in memory at a time. Cost: O(n log n) per step.
+(graphs.iter_graphs), a few steps' spans in memory at a time. Cost: O(n log n) per step.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-import pyarrow as pa
+import numpy as np
 
+from chiptrace.analysis import hops as hop_table
 from chiptrace.analysis.critical_path import link_span_ids
-from chiptrace.analysis.steps import load_steps
+from chiptrace.analysis.hops import Hops
+from chiptrace.analysis.stepnodes import (
+    JOIN,
+    MIN_SLACK_NS,
+    Builder,
+    Extra,
+    Node,
+    StepGraph,
+    slack_of,
+)
 from chiptrace.topology import Topology
-
-MIN_SLACK_NS = 2_000  # a predecessor that ended this close before a span started gated it
-JOIN = "(join)"
-
-
-@dataclass(slots=True)
-class Node:
-    """One leaf span (or a join) of a step graph; times in ns."""
-
-    name: str
-    start: int
-    end: int
-    chip: str | None = None
-    chip_type: str | None = None
-    link: str | None = None
-    link_type: str | None = None
-    src: str | None = None
-    dst: str | None = None
-    nbytes: float = 0.0
-    span_id: str = ""
-    group: int = -1  # transfers: hops of one transfer share a group
-    concurrency: int = 1  # transfers on the same link direction at this one's midpoint
-
-    @property
-    def dur(self) -> int:
-        return self.end - self.start
-
-
-@dataclass
-class StepGraph:
-    """One step: nodes in topological order, their gating predecessors and anchors.
-
-    Attributes:
-        trace_id, name: the step's trace and root span name.
-        start_ns, end_ns: the step's measured bounds (root start, the later of the root's
-            end and its last work's end).
-        nodes: leaf spans and joins, ordered so every predecessor comes first.
-        preds: per node, (predecessor index, gap ns) of the edges that gated its start.
-        after: per node, predecessors it must follow but that did not gate it (a chip's
-            earlier work that ended long before): they matter only when a change slows them.
-        anchored: per node, True where nothing in the trace gated its start.
-        floor: nodes that may not start before a time, whatever the change (a batch's
-            first work waits for its last request to arrive).
-        external: per node, the span ids it links to in other steps (input prefetched
-            during the step before): the replay of consecutive steps carries them over.
-    """
-
-    trace_id: str
-    name: str
-    start_ns: int
-    end_ns: int
-    nodes: list[Node] = field(default_factory=list)
-    preds: list[list[tuple[int, int]]] = field(default_factory=list)
-    after: list[list[int]] = field(default_factory=list)
-    anchored: list[bool] = field(default_factory=list)
-    floor: dict[int, int] = field(default_factory=dict)  # never starts before (ns)
-    external: dict[int, list[str]] = field(default_factory=dict)  # links to other steps
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-    @property
-    def edges(self) -> int:
-        return sum(len(p) for p in self.preds)
-
-
-def _slack(n: Node) -> int:
-    return max(MIN_SLACK_NS, n.dur // 100)
-
-
-class _Builder:
-    """Indexes one step's spans and derives each leaf's gating predecessors."""
-
-    def __init__(self, rows: Sequence[Mapping[str, Any]], root_id: str | None) -> None:
-        self.rows = {r["span_id"]: r for r in rows}
-        self.parent = {
-            sid: r.get("parent_span_id") or None
-            for sid, r in self.rows.items()
-            if (r.get("parent_span_id") or None) in self.rows
-        }
-        kids: dict[str, list[str]] = defaultdict(list)
-        for sid, p in self.parent.items():
-            if p is not None and p != sid:
-                kids[p].append(sid)
-        self.kids = kids
-        self.root_id = root_id if root_id in self.rows else None
-        leaves = [sid for sid in self.rows if sid not in kids and sid != self.root_id]
-        leaves.sort(key=lambda s: (int(self.rows[s]["start_ns"]), int(self.rows[s]["end_ns"])))
-        self.nodes = [self._node(self.rows[s]) for s in leaves]
-        self.index = {n.span_id: i for i, n in enumerate(self.nodes)}
-        self.by_end = sorted(range(len(self.nodes)), key=lambda i: self.nodes[i].end)
-        self.ends = [self.nodes[i].end for i in self.by_end]
-        self._last_leaf: dict[str, int] = {}
-
-    @staticmethod
-    def _node(r: Mapping[str, Any]) -> Node:
-        return Node(
-            name=str(r.get("name")),
-            start=int(r["start_ns"]),
-            end=max(int(r["end_ns"]), int(r["start_ns"])),
-            chip=r.get("chip_id"),
-            chip_type=r.get("chip_type"),
-            link=r.get("link_id"),
-            link_type=r.get("link_type"),
-            src=r.get("link_src"),
-            dst=r.get("link_dst"),
-            nbytes=float(r.get("op_bytes") or 0.0),
-            span_id=str(r["span_id"]),
-        )
-
-    def ancestors(self, sid: str) -> list[str]:
-        out, seen = [], {sid}
-        p = self.parent.get(sid)
-        while p is not None and p not in seen:
-            out.append(p)
-            seen.add(p)
-            p = self.parent.get(p)
-        return out
-
-    def last_leaf(self, sid: str) -> int | None:
-        """The leaf under span `sid` (itself, if a leaf) that ended last."""
-        if sid in self._last_leaf:
-            return self._last_leaf[sid]
-        best: int | None = self.index.get(sid)
-        stack = list(self.kids.get(sid, ()))
-        while stack:
-            s = stack.pop()
-            i = self.index.get(s)
-            if i is not None and (best is None or self.nodes[i].end > self.nodes[best].end):
-                best = i
-            stack.extend(self.kids.get(s, ()))
-        self._last_leaf[sid] = best  # type: ignore[assignment]
-        return best
-
-    def ending_near(self, t: int, slack: int) -> list[int]:
-        lo = bisect.bisect_left(self.ends, t - slack)
-        hi = bisect.bisect_right(self.ends, t)
-        return self.by_end[lo:hi]
-
-
-def _resource(n: Node) -> tuple[str, ...] | None:
-    if n.link:
-        return ("link", n.link, n.src or "", n.dst or "")
-    if n.chip:
-        return ("chip", n.chip)
-    return None
 
 
 class _Latest:
@@ -207,29 +70,38 @@ class _Latest:
         return self.order[lo : bisect.bisect_right(self.ends, t)]
 
 
-def _hops_key(b: _Builder, n: Node) -> tuple[Any, ...]:
-    """What the hops of one transfer share: parent, name, bytes and times."""
-    return (b.parent.get(n.span_id), n.name, n.nbytes, n.start, n.end)
+def _pairs(h: Hops, end: int, chips: set[str]) -> list[tuple[int, str]]:
+    """(transfer node, chip) for each chip among `chips` that its hops leave from (end 1)
+    or arrive at (end 2), each pair once (NumPy: a step has ~1.8M hops)."""
+    names = sorted(chips)
+    code = {c: k for k, c in enumerate(names)}
+    per_dir = np.array([code.get(d[end], -1) for d in h.dirs], np.int64)
+    at = per_dir[h.dir] if len(h) else np.zeros(0, np.int64)
+    ok = at >= 0
+    pairs = np.unique(h.owner[ok] * max(len(names), 1) + at[ok])
+    return [(int(p) // len(names), names[int(p) % len(names)]) for p in pairs.tolist()]
 
 
 class _Edges:
-    """The gating predecessors of every leaf of a `_Builder`."""
+    """The gating predecessors of every leaf of a `Builder`."""
 
-    def __init__(self, b: _Builder) -> None:
+    def __init__(self, b: Builder) -> None:
         self.b = b
         nodes = b.nodes
         groups: dict[Any, list[int]] = defaultdict(list)
-        dst: dict[str, list[int]] = defaultdict(list)
-        self.srcs: dict[tuple[Any, ...], set[str]] = defaultdict(set)  # a transfer's hops
         for i, n in enumerate(nodes):
-            if n.link and n.src:
-                self.srcs[_hops_key(b, n)].add(n.src)
-            key = _resource(n)
-            if key is not None:
-                groups[key].append(i)
-            if n.link and n.dst:
-                dst[n.dst].append(i)
+            if n.chip and not n.link:
+                groups[("chip", n.chip)].append(i)
         self.res = {k: _Latest(nodes, v) for k, v in groups.items()}
+        chips = {k[1] for k in groups}
+        # A transfer's chips: where its hops leave (its producers) and arrive (consumers).
+        h = b.hops
+        self.srcs: dict[int, set[str]] = defaultdict(set)
+        for o, chip in _pairs(h, 1, chips):
+            self.srcs[o].add(chip)
+        dst: dict[str, set[int]] = defaultdict(set)
+        for o, chip in _pairs(h, 2, chips):
+            dst[chip].add(o)
         # A collective round (transfers under one parent that start together) ends with
         # its last transfer: what reads its result waits for that one.
         rounds: dict[tuple[Any, int], list[int]] = defaultdict(list)
@@ -239,11 +111,18 @@ class _Edges:
         self.round_last = {
             i: max(v, key=lambda k: nodes[k].end) for v in rounds.values() for i in v
         }
-        self.into = {k: _Latest(nodes, v) for k, v in dst.items()}
+        self.into = {k: _Latest(nodes, sorted(v)) for k, v in dst.items()}
         self.joins: dict[tuple[Any, ...], list[int]] = {}
         self.preds: list[dict[int, int]] = [{} for _ in nodes]
         self.after: list[set[int]] = [set() for _ in nodes]
         self.join_of: list[tuple[Any, ...] | None] = [None] * len(nodes)
+        start = np.fromiter((n.start for n in nodes), np.int64, len(nodes))
+        end = np.fromiter((n.end for n in nodes), np.int64, len(nodes))
+        slack = np.maximum(MIN_SLACK_NS, (end - start) // 100)
+        # the order of transfers on each link direction (a link is shared, not serial: only
+        # what gated a transfer binds it), from the hops at once
+        for i, j, gap in hop_table.order_edges(h, start, end, slack):
+            self.preds[i][j] = gap
         for i in range(len(nodes)):
             self._derive(i)
 
@@ -256,18 +135,18 @@ class _Edges:
         if p.start >= s.start:
             return
         gap = s.start - p.end
-        if gap <= _slack(s):
+        if gap <= slack_of(s):
             self.preds[i][j] = gap
         elif order:
             self.after[i].add(j)
 
     def _derive(self, i: int) -> None:
         b, n = self.b, self.b.nodes[i]
-        slack = _slack(n)
-        key = _resource(n)
-        if key is not None:  # a link is shared, not serial: its order binds nothing
-            self._add(i, self.res[key].latest(b.nodes, i, n.start + slack), not n.link)
+        slack = slack_of(n)
+        if n.chip and not n.link:  # the chip's work before it, in order
+            self._add(i, self.res[("chip", n.chip)].latest(b.nodes, i, n.start + slack))
         for lid in link_span_ids(b.rows[n.span_id].get("links")):
+            lid = b.alias.get(lid, lid)
             if lid in b.rows:
                 self._add(i, b.last_leaf(lid))
         if n.chip and n.chip in self.into:  # the transfers that delivered its input
@@ -276,10 +155,9 @@ class _Edges:
             last = self.into[n.chip].latest(b.nodes, i, n.start + slack)
             if last is not None and n.start - b.nodes[self.round_last[last]].end <= slack:
                 self._add(i, self.round_last[last])  # ... and the rest of its round
-        for src in self.srcs.get(_hops_key(b, n), ()) if n.link else ():
-            if ("chip", src) in self.res:  # the work that produced it (any hop's source)
-                for j in self.res[("chip", src)].within(n.start, slack):
-                    self._add(i, j)
+        for src in self.srcs.get(i, ()):  # the work that produced it (any hop's source)
+            for j in self.res[("chip", src)].within(n.start, slack):
+                self._add(i, j)
         parent = b.parent.get(n.span_id)
         jkey = (parent, n.start, bool(n.link))
         if jkey not in self.joins:
@@ -316,7 +194,13 @@ class _Edges:
         return out
 
 
-def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> StepGraph:
+def build(
+    rows: Iterable[Mapping[str, Any]],
+    root_id: str | None = None,
+    hops: Hops | None = None,
+    alias: dict[str, str] | None = None,
+    extra: Extra | None = None,
+) -> StepGraph:
     """The dependency graph of one step.
 
     Args:
@@ -324,6 +208,10 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
             name, start_ns, end_ns, chip_id, chip_type, link_id, link_type, link_src,
             link_dst, op_bytes, links.
         root_id: the step's root span (default: the longest span without a parent).
+        hops, alias: the transfers already grouped (hops.load: rows then hold one span per
+            transfer); default: the leaf link spans of `rows` grouped here.
+        extra: adds nodes and edges before the graph is ordered (nodes, preds, after:
+            graphs.join_collectives joins the ranks of a step at their collectives).
     """
     rows = list(rows)
     if not rows:
@@ -332,7 +220,7 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
         ids = {r["span_id"] for r in rows}
         tops = [r for r in rows if (r.get("parent_span_id") or None) not in ids]
         root_id = max(tops, key=lambda r: int(r["end_ns"]) - int(r["start_ns"]))["span_id"]
-    b = _Builder(rows, root_id)
+    b = Builder(rows, root_id, hops, alias)
     root = b.rows.get(root_id or "")
     e = _Edges(b)
     nodes = list(b.nodes)
@@ -353,9 +241,17 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
             preds.append({j: t - nodes[j].end for j in members})
             after.append(set())
         preds[i][join_index[jkey]] = 0
-    _transfers(nodes, b)
-    order = sorted(range(len(nodes)), key=lambda i: (nodes[i].start, nodes[i].name != JOIN))
+    if extra is not None:
+        extra(nodes, preds, after)
+    order = _topological(nodes, preds, after)
     new = {old: k for k, old in enumerate(order)}
+    b.hops.renumber([new[i] for i in range(len(nodes))])
+    ordered = [nodes[i] for i in order]
+    hop_table.crowding(
+        b.hops,
+        np.fromiter((n.start for n in ordered), np.int64, len(ordered)),
+        np.fromiter((n.end for n in ordered), np.int64, len(ordered)),
+    )
     lo = int(root["start_ns"]) if root else min(n.start for n in nodes)
     hi = int(root["end_ns"]) if root else lo
     hi = max([hi, *(n.end for n in nodes)])
@@ -364,7 +260,7 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
         name=str((root or rows[0]).get("name") or ""),
         start_ns=lo,
         end_ns=hi,
-        nodes=[nodes[i] for i in order],
+        nodes=ordered,
         preds=[sorted((new[j], g) for j, g in preds[i].items()) for i in order],
         after=[sorted(new[j] for j in after[i] - preds[i].keys()) for i in order],
         anchored=[not preds[i] and nodes[i].name != JOIN for i in order],
@@ -375,14 +271,44 @@ def build(rows: Iterable[Mapping[str, Any]], root_id: str | None = None) -> Step
                 ext := [
                     x
                     for x in link_span_ids(b.rows[nodes[i].span_id].get("links"))
-                    if x not in b.rows
+                    if x not in b.rows and x not in b.alias
                 ]
             )
         },
+        hops=b.hops,
+        alias={a: new[b.index[r]] for a, r in b.alias.items() if r in b.index},
     )
 
 
-def _rounds(b: _Builder, preds: list[dict[int, int]]) -> list[dict[int, int]]:
+def _topological(
+    nodes: list[Node], preds: list[dict[int, int]], after: list[set[int]]
+) -> list[int]:
+    """Node indices in start order (a join before the work it gates at the same time),
+    every predecessor first: zero-length nodes at one time (a rank's arrival at a
+    collective, the join of the arrivals) are ordered by their edges, not their names."""
+    succ: list[list[int]] = [[] for _ in nodes]
+    need = [0] * len(nodes)
+    for i in range(len(nodes)):
+        for j in {*preds[i], *after[i]}:
+            succ[j].append(i)
+            need[i] += 1
+    key = [(n.start, n.name != JOIN, i) for i, n in enumerate(nodes)]
+    ready = [key[i] for i in range(len(nodes)) if not need[i]]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        *_, i = heapq.heappop(ready)
+        out.append(i)
+        for k in succ[i]:
+            need[k] -= 1
+            if not need[k]:
+                heapq.heappush(ready, key[k])
+    if len(out) < len(nodes):  # a cycle (clock skew between hosts): start order for the rest
+        out += sorted(set(range(len(nodes))) - set(out), key=lambda i: key[i])
+    return out
+
+
+def _rounds(b: Builder, preds: list[dict[int, int]]) -> list[dict[int, int]]:
     """Transfers under one parent that start together are one round of a collective: each
     waits for whatever gated any of them (the last rank to produce its data)."""
     rounds: dict[tuple[Any, int], list[int]] = defaultdict(list)
@@ -401,38 +327,10 @@ def _rounds(b: _Builder, preds: list[dict[int, int]]) -> list[dict[int, int]]:
     return preds
 
 
-def _transfers(nodes: list[Node], b: _Builder) -> None:
-    """Group the hops of each transfer (same parent, name, bytes and times) and count the
-    transfers that share each hop's link direction at its midpoint."""
-    groups: dict[tuple[Any, ...], int] = {}
-    per_dir: dict[tuple[str, ...], list[Node]] = defaultdict(list)
-    for n in nodes:
-        if not n.link:
-            continue
-        n.group = groups.setdefault(_hops_key(b, n), len(groups))
-        per_dir[("link", n.link, n.src or "", n.dst or "")].append(n)
-    for lst in per_dir.values():
-        starts = sorted(n.start for n in lst)
-        ends = sorted(n.end for n in lst)
-        for n in lst:
-            mid = (n.start + n.end) // 2
-            n.concurrency = max(
-                bisect.bisect_right(starts, mid) - bisect.bisect_right(ends, mid), 1
-            )
-
-
-def iter_graphs(
-    con: Any, steps: pa.Table, rows: Sequence[int] | None = None, batch: int = 4
-) -> Iterator[StepGraph]:
-    """The graphs of a workload's steps (rows of its `steps` table; default all), loading
-    `batch` steps' spans at a time: memory holds a few steps, not the run."""
-    picks = list(range(steps.num_rows)) if rows is None else list(rows)
-    for k in range(0, len(picks), batch):
-        for st in load_steps(con, steps, picks[k : k + batch]):
-            yield build(st.spans, st.root_id)
-
-
 def topology_of(tables: Any) -> Topology:
     """The run's topology (nominal figures), from the analysis tables."""
     topo: Topology = tables.topology
     return topo
+
+
+__all__ = ["JOIN", "MIN_SLACK_NS", "Node", "StepGraph", "build", "topology_of"]

@@ -127,12 +127,15 @@ def pick_steps(steps: pa.Table, max_steps: int = 5) -> list[int]:
     return out
 
 
-def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
+def load_steps(
+    con: Any, steps: pa.Table, rows: Sequence[int], transfers: bool = True
+) -> list[Step]:
     """Load every span of the chosen steps' traces (one query; time bounds prune parts).
 
     A step that shares its trace with other steps of its workload (a loop inside one span)
     keeps only its root's descendants; chip and link types missing from a span are taken
-    from its ids, as the store's writers do."""
+    from its ids, as the store's writers do. `transfers=False`: all but the link spans
+    (the step graph reads those grouped, graphs.iter_graphs)."""
     if not rows:
         return []
     sel = steps.take(pa.array(list(rows))).to_pylist()
@@ -142,7 +145,7 @@ def load_steps(con: Any, steps: pa.Table, rows: Sequence[int]) -> list[Step]:
     cols = ", ".join(f"{expr} AS {alias}" for expr, alias in _COLUMNS)
     result = con.sql(
         f"SELECT {cols} FROM spans_raw WHERE start_ns >= {int(lo)} AND start_ns <= {int(hi)} "
-        f"AND trace_id IN ({ids})"
+        f"AND trace_id IN ({ids}){'' if transfers else ' AND link_id IS NULL'}"
     ).fetchall()
     result += _late_device_work(con, result, cols, ids, hi)
     names = [alias for _, alias in _COLUMNS]

@@ -10,11 +10,13 @@ Changes (`Change`):
 - `bandwidth`: a link, or every link of a type, at a new bandwidth (bytes/s per direction).
   A transfer's time is its route latency plus bytes over its rate; its rate scales with the
   changed link's bandwidth over what that link delivers now (its best moment: the most the
-  transfers sharing it moved together, against what the best link of its type moved), but
-  never past what the transfer's other hops delivered to it (a faster link behind a
-  saturated one saves nothing);
+  transfers sharing it moved together, or its fastest transfer in the run, against what
+  the best link of its type moved), but never past what the transfer's other hops can
+  deliver to it, shared as they were (a faster link behind a saturated one saves nothing);
 - `undelay`: chips whose late starts (against the same work on the other chips of their
-  type) are removed: a straggler's delay;
+  type) are removed: a straggler's delay; in a graph of several ranks' steps
+  (graphs.py), a rank whose step started later than its peers' (at the collectives it
+  ran on that chip) starts with them;
 - `typical`: links whose transfers take their typical time again (the step's median for
   the same name and size): traffic a downed or flapping link slowed.
 
@@ -31,7 +33,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from chiptrace.analysis.metrics import HOST_COLLECTIVE
+import numpy as np
+
+from chiptrace.analysis.graphs import COLLECTIVES
 from chiptrace.analysis.stepgraph import JOIN, Node, StepGraph
 from chiptrace.topology import Topology
 
@@ -52,51 +56,55 @@ class Change:
 
 
 class _Rates:
-    """Per link direction what it delivered at best, and per link what it runs at now."""
+    """Per hop the rate its transfer moved at; per link direction what it delivered at
+    best; per link what it runs at now (arrays over the graph's hops, built once a graph)."""
 
     def __init__(self, g: StepGraph, topo: Topology) -> None:
-        self.topo = topo
-        self.dcap: dict[tuple[str, str, str], float] = {}
-        util: dict[str, float] = {}
-        for n in g.nodes:
-            r = self.rate(n)
-            if r is None:
-                continue
-            d = _dir(n)
-            self.dcap[d] = max(self.dcap.get(d, 0.0), r * n.concurrency)
+        h = g.hops
+        dur = np.fromiter((n.dur for n in g.nodes), np.float64, len(g.nodes))
+        nbytes = np.fromiter((n.nbytes for n in g.nodes), np.float64, len(g.nodes))
+        links = sorted({d[0] for d in h.dirs})
+        self.link_ix = {lk: k for k, lk in enumerate(links)}
+        self.dir_link = np.array([self.link_ix[d[0]] for d in h.dirs], np.int64)
+        specs = [topo.link(lk) for lk in links]
+        lat = np.array([float(sp.latency_ns) if sp else 0.0 for sp in specs])
+        d, b = dur[h.owner], nbytes[h.owner]
+        moving = np.maximum(d - lat[self.dir_link[h.dir]], d * (1 - _HOP_LATENCY_CAP))
+        ok = (b > 0) & (d > 0)
+        self.rate = np.where(ok, b / np.where(ok, moving, 1.0) * 1e9, np.nan)  # bytes/s
+        dcap = np.zeros(len(h.dirs))
+        np.maximum.at(dcap, h.dir[ok], (self.rate * h.conc)[ok])
         # A link's best moment in either direction: one direction may only ever have
         # carried transfers held back elsewhere (a ring's hop behind a degraded link).
-        self.cap: dict[str, float] = {}
-        for (link, _, _), cap in self.dcap.items():
-            self.cap[link] = max(self.cap.get(link, 0.0), cap)
+        cap = np.zeros(len(links))
+        np.maximum.at(cap, self.dir_link, dcap)
+        # ... or its best anywhere in the run: where a degraded link holds every transfer
+        # of a step's collective, the other links on its path never showed their speed
+        # in that step (graphs.iter_graphs reads each link's fastest transfer).
+        best_run = g.cache.get("link_best", {})
+        cap = np.maximum(cap, [float(best_run.get(lk, 0.0)) for lk in links])
+        self.cap = np.where(cap > 0, cap, np.nan)
+        util: dict[str, float] = {}
         best: dict[str, float] = defaultdict(float)
-        for link, cap in self.cap.items():
-            nominal = topo.bandwidth(link)
-            if nominal:
-                util[link] = max(util.get(link, 0.0), cap / nominal)
-        for link, u in util.items():
-            spec = topo.link(link)
-            best[spec.type if spec else ""] = max(best[spec.type if spec else ""], u)
-        self.now: dict[str, float] = {}
-        for link, u in util.items():
-            spec = topo.link(link)
-            top = best[spec.type if spec else ""] or 1.0
-            self.now[link] = float(topo.bandwidth(link) or 0.0) * min(u / top, 1.0)
-
-    def latency(self, n: Node) -> float:
-        spec = self.topo.link(n.link)
-        return float(spec.latency_ns) if spec else 0.0
-
-    def rate(self, n: Node) -> float | None:
-        """Bytes/s the transfer moved (its time less the latency)."""
-        if not n.link or n.nbytes <= 0 or n.dur <= 0:
-            return None
-        moving = max(n.dur - self.latency(n), n.dur * (1 - _HOP_LATENCY_CAP))
-        return n.nbytes / moving * 1e9
+        for lk, c, sp in zip(links, cap.tolist(), specs, strict=True):
+            nominal = topo.bandwidth(lk)
+            if nominal and c > 0:
+                util[lk] = c / nominal
+                best[sp.type if sp else ""] = max(best[sp.type if sp else ""], util[lk])
+        self.now = np.full(len(links), np.nan)
+        for lk, u in util.items():
+            sp = topo.link(lk)
+            top = best[sp.type if sp else ""] or 1.0
+            self.now[self.link_ix[lk]] = float(topo.bandwidth(lk) or 0.0) * min(u / top, 1.0)
 
 
-def _dir(n: Node) -> tuple[str, str, str]:
-    return (n.link or "", n.src or "", n.dst or "")
+def rates(g: StepGraph, topo: Topology) -> _Rates:
+    """The graph's `_Rates`, built once per graph and topology."""
+    key = ("rates", id(topo))
+    if key not in g.cache:
+        g.cache[key] = _Rates(g, topo)
+    r: _Rates = g.cache[key]
+    return r
 
 
 def _matches(keys: Mapping[str, Any] | frozenset[str], ident: str | None, kind: str | None) -> Any:
@@ -107,56 +115,84 @@ def _matches(keys: Mapping[str, Any] | frozenset[str], ident: str | None, kind: 
     return None
 
 
-def _transfer_durations(g: StepGraph, change: Change, rates: _Rates) -> dict[int, float]:
-    """New durations of the transfers a bandwidth change touches (every hop of each)."""
-    hops: dict[int, list[int]] = defaultdict(list)
-    for i, n in enumerate(g.nodes):
-        if n.link and n.group >= 0:
-            hops[n.group].append(i)
+def _per_dir(g: StepGraph, keys: Mapping[str, Any] | frozenset[str]) -> np.ndarray:
+    """Per link direction of the graph's hops, its value in `keys` (by link id or type),
+    NaN where none."""
+    vals = [_matches(keys, d[0], t) for d, t in zip(g.hops.dirs, g.hops.types, strict=True)]
+    return np.array([np.nan if v is None else float(v) for v in vals], np.float64)
+
+
+def _transfer_durations(g: StepGraph, change: Change, r: _Rates) -> dict[int, float]:
+    """New durations of the transfers a bandwidth change touches. A transfer's rate scales
+    with its changed links' new bandwidth over what they deliver now (the least of them),
+    but a faster link never lifts it past what its other hops delivered to it."""
+    h = g.hops
+    bw = _per_dir(g, change.bandwidth)[h.dir]
+    changed = ~np.isnan(bw)
+    if not changed.any():
+        return {}
+    link = r.dir_link[h.dir]
+    now = r.now[link]
+    now = np.where(np.isnan(now) | (now <= 0), bw, now)
+    scale_h = np.where(changed, bw / np.maximum(now, 1.0), np.inf)
+    bounds = h.bounds(len(g.nodes))
+    heads = bounds[:-1]
+    has = bounds[1:] > heads
+    nodes = np.nonzero(has)[0]
+    starts = heads[nodes]
+    head_rate = r.rate[starts]
+    cap = np.where(np.isnan(r.cap[link]), r.rate[heads[h.owner]], r.cap[link])
+    bound_h = np.where(changed, np.inf, cap / h.conc)
+    scale = np.minimum.reduceat(scale_h, starts)
+    bound = np.minimum.reduceat(bound_h, starts)
+    pick = np.isfinite(scale) & ~np.isnan(head_rate)
     out: dict[int, float] = {}
-    for members in hops.values():
-        nodes = [g.nodes[i] for i in members]
-        new_bw = [
-            (n, _matches(change.bandwidth, n.link, n.link_type))
-            for n in nodes
-            if _matches(change.bandwidth, n.link, n.link_type) is not None
-        ]
-        if not new_bw:
-            continue
-        head = nodes[0]
-        r = rates.rate(head)
-        if r is None:
-            continue
-        scale = min(bw / max(rates.now.get(n.link or "", 0.0) or bw, 1.0) for n, bw in new_bw)
-        changed = {id(n) for n, _ in new_bw}
-        bound = min(
-            (rates.cap.get(n.link or "", r) / n.concurrency for n in nodes if id(n) not in changed),
-            default=float("inf"),
-        )
-        new_rate = r * scale if scale < 1 else max(min(r * scale, bound), r)
-        lat = head.dur - head.nbytes / r * 1e9
-        dur = lat + head.nbytes / new_rate * 1e9
-        for i in members:
-            out[i] = dur
+    for i, rt, sc, bd in zip(
+        nodes[pick].tolist(),
+        head_rate[pick].tolist(),
+        scale[pick].tolist(),
+        bound[pick].tolist(),
+        strict=True,
+    ):
+        n = g.nodes[i]
+        new_rate = rt * sc if sc < 1 else max(min(rt * sc, bd), rt)
+        lat = n.dur - n.nbytes / rt * 1e9
+        out[i] = lat + n.nbytes / new_rate * 1e9
     return out
 
 
 def _typical_durations(g: StepGraph, links: frozenset[str]) -> dict[int, float]:
-    """Transfers over `links`, and the transfers they belong to, at the step's median
-    duration for their name and size."""
+    """Transfers over `links` at the step's median duration for their name and size (the
+    median over their hops)."""
     if not links:
         return {}
-    durs: dict[tuple[str, float], list[int]] = defaultdict(list)
-    for n in g.nodes:
-        if n.link:
-            durs[(n.name, n.nbytes)].append(n.dur)
-    typical = {k: statistics.median(v) for k, v in durs.items()}
-    groups = {n.group for n in g.nodes if n.link and _matches(links, n.link, n.link_type)}
+    h = g.hops
+    weight = np.zeros(len(g.nodes), np.int64)
+    np.add.at(weight, h.owner, h.count)
+    durs: dict[tuple[str, float], list[tuple[int, int]]] = defaultdict(list)
+    for i, n in enumerate(g.nodes):
+        if n.link and weight[i]:
+            durs[(n.name, n.nbytes)].append((n.dur, int(weight[i])))
+    typical = {k: _weighted_median(v) for k, v in durs.items()}
+    hit = ~np.isnan(_per_dir(g, dict.fromkeys(links, 1.0)))[h.dir]
     return {
-        i: min(float(n.dur), typical[(n.name, n.nbytes)])
-        for i, n in enumerate(g.nodes)
-        if n.link and n.group in groups
+        i: min(float(g.nodes[i].dur), typical[(g.nodes[i].name, g.nodes[i].nbytes)])
+        for i in np.unique(h.owner[hit]).tolist()
     }
+
+
+def _weighted_median(pairs: list[tuple[int, int]]) -> float:
+    """The median of values given as (value, how many times)."""
+    pairs = sorted(pairs)
+    total = sum(w for _, w in pairs)
+    vals = []
+    acc = 0
+    for v, w in pairs:  # the middle one or two of the expanded list, as statistics.median
+        lo, acc = acc, acc + w
+        for k in ((total - 1) // 2, total // 2):
+            if lo <= k < acc:
+                vals.append(v)
+    return float(sum(vals) / len(vals))
 
 
 def _owner(n: Node) -> str | None:
@@ -204,10 +240,27 @@ def _peer_offsets(g: StepGraph, chips: frozenset[str]) -> dict[int, float]:
         same = peers.get((n.name, own.split(":", 1)[0]))
         if same:
             out[i] = n.start - max(waits[i] - statistics.median(same), 0.0)
+    for k, late in _late_members(g, chips).items():
+        for i in g.members[k][2].tolist():
+            if g.anchored[i]:
+                out[i] = min(out.get(i, float(g.nodes[i].start)), g.nodes[i].start - late)
     return out
 
 
-COLLECTIVES = (*HOST_COLLECTIVE, "ncclKernel", "ncclDevKernel", "rccl")
+def _late_members(g: StepGraph, chips: frozenset[str]) -> dict[int, float]:
+    """Ranks' steps of a joined graph whose collectives ran on `chips` (the chip a rank
+    arrives late on) and that started later than the median rank's: how much later
+    (their whole step starts sooner when undelayed)."""
+    if not chips or len(g.members) < 2:
+        return {}
+    med = statistics.median(m[0] for m in g.members)
+    out = {}
+    for k, (start, _, idx) in enumerate(g.members):
+        mine = (g.nodes[i] for i in idx.tolist())
+        at = (n for n in mine if n.name.startswith(COLLECTIVES))
+        if start > med and any(_matches(chips, n.chip, n.chip_type) for n in at):
+            out[k] = float(start - med)
+    return out
 
 
 def durations(g: StepGraph, change: Change, topo: Topology) -> list[float]:
@@ -224,7 +277,7 @@ def durations(g: StepGraph, change: Change, topo: Topology) -> list[float]:
     for i, d in _typical_durations(g, change.typical).items():
         dur[i] = d
     if change.bandwidth:
-        for i, d in _transfer_durations(g, change, _Rates(g, topo)).items():
+        for i, d in _transfer_durations(g, change, rates(g, topo)).items():
             dur[i] = d
     return dur
 
@@ -277,36 +330,60 @@ def _duration(g: StepGraph, end: list[float]) -> float:
     return g.duration_ns + (max(end) - last)
 
 
+def _member_times(
+    g: StepGraph, end: list[float], change: Change | None = None
+) -> list[tuple[float, float]]:
+    """(measured, replayed) duration of each rank's step of a joined graph (its start to
+    the later of its end and its last work's; a late rank undelayed starts sooner), or
+    of the graph's one step."""
+    if not g.members:
+        return [(float(g.duration_ns), _duration(g, end))]
+    late = _late_members(g, change.undelay) if change is not None else {}
+    ends = np.asarray(end, np.float64)
+    was = np.fromiter((n.end for n in g.nodes), np.float64, len(g.nodes))
+    out = []
+    for k, (start, stop, idx) in enumerate(g.members):
+        last = float(was[idx].max()) if len(idx) else float(stop)
+        measured = max(float(stop), last) - start
+        moved = float(ends[idx].max()) - last if len(idx) else 0.0
+        out.append((measured, measured + moved + late.get(k, 0.0)))
+    return out
+
+
 def replay_all(
     graphs: Iterable[StepGraph], changes: Mapping[str, Change], topo: Topology
 ) -> dict[str, Any]:
     """Measured and replayed step times of many steps (in run order) under several changes
-    at once (each graph built once): {"measured": [ns], name: [ns] per change}. Work that
-    waited for the step before (prefetched input) moves with it."""
+    at once (each graph built once): {"measured": [ns], name: [ns] per change}, one entry
+    per step (per rank's step of a joined graph). Work that waited for the step before
+    (prefetched input) moves with it."""
     out: dict[str, list[float]] = {"measured": [], **{k: [] for k in changes}}
     carry: dict[str, Carry] = {k: {} for k in changes}
     shift = dict.fromkeys(changes, 0.0)
     for g in graphs:
-        out["measured"].append(float(g.duration_ns))
-        for k, c in changes.items():
-            if not g.nodes:
+        if not g.nodes:
+            for k in out:
                 out[k].append(float(g.duration_ns))
-                continue
+            continue
+        out["measured"].extend(was for was, _ in _member_times(g, [n.end for n in g.nodes]))
+        for k, c in changes.items():
             end = replay_ends(g, c, topo, carry[k], shift[k])
-            d = _duration(g, end)
-            out[k].append(d)
+            out[k].extend(new for _, new in _member_times(g, end, c))
             carry[k] = {
                 n.span_id: (n.end, shift[k] + end[i] - n.end)
                 for i, n in enumerate(g.nodes)
                 if n.span_id
             }
-            shift[k] += d - g.duration_ns
+            for a, i in g.alias.items():  # hops merged into a transfer's node
+                carry[k][a] = (g.nodes[i].end, shift[k] + end[i] - g.nodes[i].end)
+            shift[k] += _duration(g, end) - g.duration_ns
     return out
 
 
 MAX_STEPS = 64  # steps replayed per workload: evenly spread over the run past this
-# The graph is built in Python (~50 us a span): a step past this many spans is not replayed
-# (an nvl72 step has ~2M transfer hops); `evaluate` says so instead.
+# The graph holds a node per span of work (Python objects, ~50 us a span to derive) and
+# one per transfer (its hops are arrays: an nvl72 step's ~1.8M hops are ~1,400 nodes): a
+# step with more spans of work than this is not replayed; `evaluate` says so instead.
 MAX_GRAPH_SPANS = 200_000
 
 
@@ -314,7 +391,22 @@ def spread(n: int, k: int = MAX_STEPS) -> list[int]:
     """Up to `k` step indices evenly spread over `n`."""
     if n <= k:
         return list(range(n))
+    if k <= 1:
+        return [(n - 1) // 2]  # the middle one
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def spread_groups(steps: Any, k: int = MAX_STEPS) -> list[int]:
+    """Rows of about `k` steps evenly spread over the run, in whole step groups (every
+    rank's copy of a step, steps.step_groups: a replay joins the ranks of a step at their
+    collectives), at least one group."""
+    from chiptrace.analysis.steps import step_groups
+
+    groups = step_groups(steps)
+    if not groups:
+        return []
+    per = max(1, round(sum(map(len, groups)) / len(groups)))
+    return sorted(i for j in spread(len(groups), max(1, k // per)) for i in groups[j])
 
 
 def p50(values: list[float]) -> float:
@@ -327,14 +419,14 @@ def evaluate(
     """Replay a workload's steps (its `steps` table; at most MAX_STEPS, spread) under each
     change: per change the measured and replayed median step and the saving (ns).
     `stages` (analysis/stages.Stages): the changes replayed as stages (here, or on a cluster)."""
-    from chiptrace.analysis.stepgraph import iter_graphs
+    from chiptrace.analysis.graphs import iter_graphs
 
     if too_big(con, steps):
         return {}
     if stages is not None:
-        r = stages.replays(steps, spread(steps.num_rows), changes, topo)
+        r = stages.replays(steps, spread_groups(steps), changes, topo)
     else:
-        r = replay_all(iter_graphs(con, steps, spread(steps.num_rows)), changes, topo)
+        r = replay_all(iter_graphs(con, steps, spread_groups(steps)), changes, topo)
     m = p50(r["measured"])
     return {
         k: {"steps": len(v), "measured_ns": m, "replayed_ns": p50(v), "saving_ns": m - p50(v)}
@@ -344,12 +436,14 @@ def evaluate(
 
 
 def too_big(con: Any, steps: Any) -> bool:
-    """Whether the workload's steps average more than MAX_GRAPH_SPANS spans."""
+    """Whether the workload's steps average more than MAX_GRAPH_SPANS spans of work (link
+    hops are not counted: they become one node per transfer)."""
     if not steps.num_rows:
         return True
     lo = min(steps.column("start_ns").to_pylist())
     hi = max(steps.column("end_ns").to_pylist())
     n = con.sql(
-        f"SELECT count(*) FROM spans_raw WHERE start_ns >= {int(lo)} AND start_ns <= {int(hi)}"
+        f"SELECT count(*) FROM spans_raw WHERE start_ns >= {int(lo)} AND start_ns <= {int(hi)} "
+        "AND link_id IS NULL"
     ).fetchall()[0][0]
     return bool(n / steps.num_rows > MAX_GRAPH_SPANS)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chiptrace.analysis import TraceAnalysis
-from chiptrace.analysis import stepgraph as sg
+from chiptrace.analysis.graphs import iter_graphs
 from chiptrace.analysis.whatif import Change, evaluate, replay
 from chiptrace.cli import main
 
@@ -49,7 +49,7 @@ def _p50_steps(path: Path) -> float:
 @pytest.mark.parametrize("name", ["healthy", "slow", "degrade", "straggler", "pcie8"])
 def test_unchanged_replay_gives_back_every_step(runs: dict[str, Path], name: str) -> None:
     ta = TraceAnalysis(runs[name])
-    graphs = list(sg.iter_graphs(ta.con, ta.tables.steps))
+    graphs = list(iter_graphs(ta.con, ta.tables.steps))
     assert len(graphs) == ta.tables.steps.num_rows == 3
     for g in graphs:
         assert g.edges > len(g.nodes) // 2  # transfers, rounds and phases are joined
