@@ -126,7 +126,14 @@ class _Builder:
                 kids[p].append(sid)
         self.kids = kids
         self.root_id = root_id if root_id in self.rows else None
-        leaves = [sid for sid in self.rows if sid not in kids and sid != self.root_id]
+        # A switch cuts through: its spans (the emulator's `forward`) last as long as the
+        # transfers crossing it and gate nothing those transfers do not; as nodes they would
+        # keep a faster link's transfers at their measured time.
+        leaves = [
+            sid
+            for sid in self.rows
+            if sid not in kids and sid != self.root_id and not _switch(self.rows[sid])
+        ]
         leaves.sort(key=lambda s: (int(self.rows[s]["start_ns"]), int(self.rows[s]["end_ns"])))
         self.nodes = [self._node(self.rows[s]) for s in leaves]
         self.index = {n.span_id: i for i, n in enumerate(self.nodes)}
@@ -178,6 +185,10 @@ class _Builder:
         lo = bisect.bisect_left(self.ends, t - slack)
         hi = bisect.bisect_right(self.ends, t)
         return self.by_end[lo:hi]
+
+
+def _switch(r: Mapping[str, Any]) -> bool:
+    return r.get("chip_type") == "switch" and not r.get("link_id")
 
 
 def _resource(n: Node) -> tuple[str, ...] | None:
