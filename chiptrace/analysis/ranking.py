@@ -171,14 +171,34 @@ def _joint(x: RuleInput, members: list[Finding], speeds: dict[str, float]) -> Ch
     return Change(speed, bw, frozenset(undelay), frozenset(typical))
 
 
-def _priced(x: RuleInput, f: Finding, saving: float, how: str, **extra: Any) -> Finding:
+def _priced(
+    x: RuleInput, f: Finding, saving: float, how: str, kind: str | None = None, **extra: Any
+) -> Finding:
     share = min(max(saving, 0.0) / x.step_ns, 1.0) if x.step_ns > 0 else 0.0
     sev = "info" if share < INFO_BELOW else severity_for(share)
     ev = {**f.evidence, "what_if": how, **extra}
     return dataclasses.replace(
-        f, severity=sev, share=share, saving_ns=max(saving, 0.0), evidence=ev
+        f,
+        severity=sev,
+        share=share,
+        saving_ns=max(saving, 0.0),
+        evidence=ev,
+        kind=kind or f.kind,
     )
 
+
+# What the fix that priced a finding says it is (model.KINDS): a part back at its peers'
+# speed or its nominal bandwidth was a fault; one that had to be made faster than the rack
+# has, a bottleneck. A fix not here keeps the rule's kind.
+_KIND = {
+    "peers": "fault",
+    "nominal": "fault",
+    "typical": "fault",
+    "chip 2x": "bottleneck",
+    "type 2x": "bottleneck",
+    "2x": "bottleneck",
+    "capacity": "bottleneck",
+}
 
 _HOW = {
     "peers": "its work at its peers' median speed, late starts removed",
@@ -252,7 +272,7 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
             (k for k in fixes[i] if res[f"{i}:{k}"]["saving_ns"] >= INFO_BELOW * x.step_ns),
             list(fixes[i])[-1],
         )
-        out.append(_priced(x, f, res[f"{i}:{best}"]["saving_ns"], _HOW[best]))
+        out.append(_priced(x, f, res[f"{i}:{best}"]["saving_ns"], _HOW[best], _KIND.get(best)))
     return _fold(x, out, speeds)
 
 
@@ -311,7 +331,10 @@ def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[
         folded |= {id(f) for f in members}
         lead = max(members, key=lambda f: (f.saving_ns, f.evidence.get("busy_share") or 0.0))
         parts = tuple(sorted(f.culprit for f in members))
-        f = _priced(x, lead, joint, _HOW["joint"], parts=len(parts))
+        # Parts that save nothing alone but the step together: the fabric's design (a
+        # bottleneck), unless every one of them was below its own spec.
+        kind = "fault" if all(m.kind == "fault" for m in members) else "bottleneck"
+        f = _priced(x, lead, joint, _HOW["joint"], kind, parts=len(parts))
         out.append(dataclasses.replace(f, parts=parts))
     return [f for f in out if id(f) not in folded]
 
