@@ -145,6 +145,9 @@ def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Chan
         return {}
     spec = x.tables.topology.link(f.culprit)
     nominal = spec.bandwidth if spec else 0.0
+    took = [str(c) for c in f.evidence.get("took_over") or []]
+    if f.rule == "link-down" and took:  # a chip cut off: its peers share its work again
+        return {"share": Change(speed=dict.fromkeys(took, (len(took) + 1) / len(took)))}
     if f.rule in ("link-down", "link-avoided"):
         went = [str(v) for v in f.evidence.get("traffic_went_over") or []]
         return {"typical": Change(typical=frozenset([f.culprit, *went]))}
@@ -194,6 +197,7 @@ _KIND = {
     "peers": "fault",
     "nominal": "fault",
     "typical": "fault",
+    "share": "fault",
     "chip 2x": "bottleneck",
     "type 2x": "bottleneck",
     "2x": "bottleneck",
@@ -207,6 +211,7 @@ _HOW = {
     "chip 2x": "the chip twice as fast (it is as fast as its peers)",
     "type 2x": "every chip of its type twice as fast (they share the work)",
     "typical": "the transfers it pushed elsewhere at their typical time",
+    "share": "the chip it cut off doing its share again (its peers that much faster)",
     "joint": "every part fixed together",
     "capacity": "every serving device twice as fast",
     "extra": "nothing: served requests are outliers for the time they queued",

@@ -9,6 +9,7 @@ that carries more of them (a host link behind the NIC is slow only where the NIC
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from typing import Any
@@ -247,6 +248,58 @@ def link_down(x: RuleInput) -> list[Finding]:
             if peers:
                 out.append(_down_finding(x, lk.id, end, peers))
                 break
+    mine_or_all = None if x.chips is None else mine
+    return out + _cut_off(x, active, uses, used, mine_or_all)
+
+
+def _cut_off(
+    x: RuleInput,
+    active: set[str],
+    uses: dict[str, set[tuple[str, str]]],
+    used: set[str],
+    mine: set[str] | None,
+) -> list[Finding]:
+    """A chip that did nothing, none of whose links carried anything, while chips of its
+    model worked over links like its own: its links are down (a DPU behind its one PCIe
+    link), and its peers did its share. The fix prices as those peers sharing the work
+    again: each (n + 1) / n times faster for n of them."""
+    t = x.tables
+    links_of: dict[str, list[Any]] = defaultdict(list)
+    for lk in t.topology.links:
+        for e in (lk.src, lk.dst):
+            if e:
+                links_of[e].append(lk)
+    out = []
+    for chip, own in links_of.items():
+        if chip in active or any(lk.id in used for lk in own):
+            continue
+        kind = _kind(chip)
+        group = peer_group(x, chip, kind)
+        wanted = {(lk.type or "", _kind(lk.dst if lk.src == chip else lk.src)) for lk in own}
+        peers = sorted(
+            c
+            for c in t.topology.chips
+            if c != chip
+            and c in active
+            and peer_group(x, c, _kind(c)) == group
+            and wanted & uses[c]
+        )
+        if not peers or (mine is not None and not set(peers) & mine):
+            continue  # no peer took its share, or none in this workload
+        down = sorted(own, key=lambda lk: lk.id)[0]
+        f = _down_finding(x, down.id, chip, peers)
+        ev = {**f.evidence, "cut_off": chip, "links_down": sorted(lk.id for lk in own)}
+        ev["took_over"] = peers
+        out.append(
+            dataclasses.replace(
+                f,
+                evidence=ev,
+                suggestion=f"{chip} did no work and none of its links carried anything "
+                f"({', '.join(ev['links_down'])}) while {len(peers)} peers of its model worked: "
+                "its links are down and its peers did its share; check the link (cable, lanes, "
+                "firmware) or its state in the fabric manager",
+            )
+        )
     return out
 
 

@@ -27,6 +27,8 @@ DEVICE_TYPES = ("gpu", "npu", "cpu", "dpu")
 def candidates(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> dict[str, Change]:
     """A what-if per chip with peers that no finding names: keyed `sweep:CHIP`."""
     named = {f.culprit for f in found} | {p for f in found for p in f.parts}
+    # Chips that did a cut-off peer's share (link-down): that finding prices them already.
+    named |= {str(c) for f in found for c in f.evidence.get("took_over") or []}
     by_type: dict[str, list[str]] = defaultdict(list)
     for r in x.chip_rows():
         if r["chip_type"] in DEVICE_TYPES:
