@@ -23,7 +23,11 @@ SATURATED = 0.70  # busy and moving data at >= 70% of the link's bandwidth
 BUSY = 0.30  # ... for at least 30% of the time
 SLOW_LINK = 0.5  # achieved bandwidth under half that of links of the same type
 SMALL_MESSAGE = 64 * 1024  # latency dominates below this: achieved bandwidth says little
-MAX_TRANSFER_KEYS = 500_000  # spans read to tell a slow link from its neighbours
+MAX_TRANSFER_KEYS = 500_000
+CARRIERS = (
+    "nic",
+    "switch",
+)  # chip types that only move data  # spans read to tell a slow link from its neighbours
 
 
 def _kind(chip: str | None) -> str:
@@ -270,9 +274,10 @@ def _cut_off(
             if e:
                 links_of[e].append(lk)
     out = []
+    working = {r["chip_id"] for r in t.chips.to_pylist() if r["ops"]}
     for chip, own in links_of.items():
-        if chip in active or any(lk.id in used for lk in own):
-            continue
+        if chip in active or any(lk.id in used for lk in own) or _kind(chip) in CARRIERS:
+            continue  # a NIC or switch left unused carries no work of its own to miss
         kind = _kind(chip)
         group = peer_group(x, chip, kind)
         wanted = {(lk.type or "", _kind(lk.dst if lk.src == chip else lk.src)) for lk in own}
@@ -280,7 +285,7 @@ def _cut_off(
             c
             for c in t.topology.chips
             if c != chip
-            and c in active
+            and c in working
             and peer_group(x, c, _kind(c)) == group
             and wanted & uses[c]
         )
