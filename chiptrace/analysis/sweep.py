@@ -21,7 +21,7 @@ from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.whatif import Change
 
-MIN_SHARE = 0.02  # what a chip must save to be reported without a rule naming it
+MIN_SHARE = 0.01  # what a chip must save to be reported without a rule naming it (info below)
 DEVICE_TYPES = ("gpu", "npu", "cpu", "dpu")
 
 
@@ -71,6 +71,7 @@ def findings(
         )
         ev: dict[str, Any] = {
             "found_by": "replay",
+            "what_if": "its work at its peers' median speed, late starts removed",
             "slower_than_peers": round(k, 3),
             "saving_ms": round(r["saving_ns"] / 1e6, 4),
         }
