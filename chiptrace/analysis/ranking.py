@@ -98,8 +98,8 @@ def _fixes(
         }
     if kind != "link":
         return {}
-    spec = x.tables.topology.link(f.culprit)
-    nominal = spec.bandwidth if spec else 0.0
+    link = x.tables.topology.link(f.culprit)
+    nominal = link.bandwidth if link else 0.0
     took = [str(c) for c in f.evidence.get("took_over") or []]
     if f.rule == "link-down" and took:  # a chip cut off: its peers share its work again
         return {"share": Change(speed=dict.fromkeys(took, (len(took) + 1) / len(took)))}
