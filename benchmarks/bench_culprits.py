@@ -110,10 +110,10 @@ def _what_if(f: Any, topology: str) -> tuple[tuple[str, ...], tuple[str, ...]] |
     return None
 
 
-def _check_inherent(base: fc.Case, o: fc.Outcome, root: Path) -> list[tuple[float, float]]:
+def _check_inherent(base: fc.Case, o: fc.Outcome, root: Path) -> list[tuple[str, float, float]]:
     """Each inherent bottleneck a healthy run names (a non-info `bottleneck` finding: a
     chip, a chip type, links or a serving pool made twice as fast) against emulating that
-    change (same seed): [(claimed, emulated) ns]."""
+    change (same seed): [(rule:culprit, claimed, emulated ns)]."""
     out = []
     for k, f in enumerate(o.findings):
         if f.severity == "info" or f.kind != "bottleneck":
@@ -128,9 +128,8 @@ def _check_inherent(base: fc.Case, o: fc.Outcome, root: Path) -> list[tuple[floa
             )
         except ChiptraceError:
             continue
-        out.append(
-            (f.saving_ns, o.healthy_step - fc.the_step(TraceAnalysis(run_dir), base.serving))
-        )
+        emulated = o.healthy_step - fc.the_step(TraceAnalysis(run_dir), base.serving)
+        out.append((f"{f.rule}:{f.culprit}", f.saving_ns, emulated))
     return out
 
 
@@ -152,7 +151,7 @@ def _summary(outs: list[fc.Outcome]) -> dict[str, float]:
         "rack6": len(rack6),
         "over5": sum(sum(f.severity != "info" for f in o.findings) > 5 for o in healthy),
         "inherent": len(checked := [c for o in healthy for c in o.checked]),
-        "inherent_ok": sum(abs(a - b) <= 0.25 * abs(b) for a, b in checked),
+        "inherent_ok": sum(abs(a - b) <= 0.25 * abs(b) for _, a, b in checked),
     }
 
 
@@ -161,6 +160,12 @@ def _print_case(o: fc.Outcome) -> None:
     if o.error:
         print(f"  {c.id:38s} {c.fault}: error: {o.error[:70]}")
         return
+    for what, claimed, emulated in o.checked:
+        ok = "ok" if abs(claimed - emulated) <= 0.25 * abs(emulated) else "OFF"
+        print(
+            f"  {c.id:38s} inherent {what}: claimed {claimed / 1e6:.2f} ms, emulated twice "
+            f"as fast {emulated / 1e6:.2f} ms {ok}"
+        )
     top = o.findings[0] if o.findings else None
     head = f"{top.rule}:{top.culprit} {top.saving_ns / 1e6:.2f} ms" if top else "-"
     claimed = "-" if o.claimed is None else f"{o.claimed / 1e6:.2f}"
