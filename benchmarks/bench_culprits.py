@@ -59,17 +59,19 @@ def _peer(ta: TraceAnalysis) -> str:
     return str(best_chip["chip_id"]) if best_chip else "-"
 
 
-def _draw_kind(rng: random.Random) -> tuple[str, str, str]:
+def _draw_kind(rng: random.Random, only: tuple[str, ...] = ()) -> tuple[str, str, str]:
     topo = rng.choices(list(TOPOLOGY_WEIGHTS), weights=list(TOPOLOGY_WEIGHTS.values()))[0]
     workloads = [w for w in fc.WORKLOADS if w != "mixed" or topo == "rack6"]  # NPUs serve
+    workloads = [w for w in workloads if w in only] or workloads if only else workloads
     return topo, rng.choice(workloads), rng.choice(fc.KINDS)
 
 
-def run_case(case_seed: int, root: Path) -> fc.Outcome:
-    """One random case from its own seed, in its own folder under `root`."""
+def run_case(case_seed: int, root: Path, only: tuple[str, ...] = ()) -> fc.Outcome:
+    """One random case from its own seed, in its own folder under `root` (`only`: these
+    workloads, where the topology runs them)."""
     rng = random.Random(case_seed)
     root = root / f"case-{case_seed}"
-    topo, wl, kind = _draw_kind(rng)
+    topo, wl, kind = _draw_kind(rng, only)
     base = fc.Case(topo, wl, "healthy", rng.randrange(1, 10_000))
     hta = TraceAnalysis(fc.emulate_case(base, root / "base"))
     case = fc.draw(rng, topo, wl, kind, fc.used_links(hta))
@@ -194,15 +196,17 @@ def _cells(outs: list[fc.Outcome]) -> list[str]:
     return lines
 
 
-def _outcomes(seeds: list[int], root: Path, jobs: int) -> Iterator[fc.Outcome]:
+def _outcomes(
+    seeds: list[int], root: Path, jobs: int, only: tuple[str, ...]
+) -> Iterator[fc.Outcome]:
     """The cases' outcomes in order, run in `jobs` processes (spawned: no DuckDB state is
     shared)."""
     if jobs <= 1:
-        yield from (run_case(s, root) for s in seeds)
+        yield from (run_case(s, root, only) for s in seeds)
         return
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        yield from pool.map(run_case, seeds, [root] * len(seeds))
+        yield from pool.map(run_case, seeds, [root] * len(seeds), [only] * len(seeds))
 
 
 def main() -> None:
@@ -213,7 +217,15 @@ def main() -> None:
     ap.add_argument(
         "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="processes running cases"
     )
+    ap.add_argument(
+        "--workloads",
+        default="",
+        help=f"comma-separated, of {','.join(fc.WORKLOADS)} (default: all; not saved)",
+    )
     args = ap.parse_args()
+    only = tuple(w for w in args.workloads.split(",") if w)
+    if set(only) - set(fc.WORKLOADS):
+        ap.error(f"--workloads {args.workloads}: expected some of {','.join(fc.WORKLOADS)}")
     seed = args.seed if args.seed is not None else int(time.time())
     n = 14 if args.quick else args.cases
     rng = random.Random(seed)
@@ -221,7 +233,7 @@ def main() -> None:
     t0 = time.perf_counter()
     outs = []
     with tempfile.TemporaryDirectory(prefix="chiptrace-culprits-") as tmp:
-        for o in _outcomes(seeds, Path(tmp), args.jobs):
+        for o in _outcomes(seeds, Path(tmp), args.jobs, only):
             _print_case(o)
             outs.append(o)
     wall = time.perf_counter() - t0
@@ -271,7 +283,7 @@ def main() -> None:
         f"bottlenecks checked by emulation: {s['inherent_ok']}/{s['inherent']}; "
         f"{wall:.0f} s in all, {60 * n / wall:.0f} cases a minute ({args.jobs} jobs)"
     )
-    if not args.quick:
+    if not args.quick and not only:
         save("culprits", figures, mode=f"seed {seed}, {n} cases")
 
 
