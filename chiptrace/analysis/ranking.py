@@ -101,7 +101,7 @@ def _fixes(
     link = x.tables.topology.link(f.culprit)
     nominal = link.bandwidth if link else 0.0
     took = [str(c) for c in f.evidence.get("took_over") or []]
-    if f.rule == "link-down" and took:  # a chip cut off: its peers share its work again
+    if took:  # a chip cut off (its link down, or avoided): its peers share its work again
         return {"share": Change(speed=dict.fromkeys(took, (len(took) + 1) / len(took)))}
     if f.rule in ("link-down", "link-avoided"):
         went = [str(v) for v in f.evidence.get("traffic_went_over") or []]

@@ -76,6 +76,15 @@ def test_a_dpu_cut_off_by_its_link_is_that_link_down(tmp_path: Path) -> None:
     assert top.rule == "link-down" and top.evidence["cut_off"] == "dpu:1"
 
 
+def test_a_dpu_link_routing_avoids_is_priced_as_its_dpu_cut_off(tmp_path: Path) -> None:
+    """Degraded far enough, the DPU's one link carries nothing: not down (link-state says
+    up), avoided, and it costs what the DPU's lost share of the work costs."""
+    link = "pcie5:dpu:0-cpu:0"
+    case = fc.Case("rack6", "train", "degrade", 16, f"degrade:{link}:0.15", link)
+    top = _first_and_priced(case, tmp_path, "fault")
+    assert top.rule == "link-avoided" and top.evidence["cut_off"] == "dpu:0"
+
+
 def test_the_inherent_pcie_fabric_is_confirmed_by_emulating_it_faster(tmp_path: Path) -> None:
     """A healthy pcie8 run waits for its PCIe fabric: one bottleneck with its links as
     parts, whose saving is what emulating those links at twice their bandwidth saves."""
