@@ -145,7 +145,9 @@ def slow_links(x: RuleInput) -> list[Finding]:
             f"check the link (degraded lanes, errors) or route around it",
             _saving(x, lost),
         )
-        out.append(_at_least_medium(f))
+        # Slower than its peers is a fault, whether or not a replay prices it (an nvl72
+        # step is too big to replay: the rule's estimate stands, and so does its kind).
+        out.append(_at_least_medium(dataclasses.replace(f, kind="fault")))
     return out
 
 
@@ -153,9 +155,7 @@ def _at_least_medium(f: Finding) -> Finding:
     # A degraded or missing link is a hardware fault: worth a look even where its traffic
     # cost little this run (rerouted, or hidden behind compute).
     if f.severity in ("low", "info"):
-        return Finding(
-            f.rule, "medium", f.culprit, f.evidence, f.suggestion, f.share, f.saving_ns, f.step
-        )
+        return dataclasses.replace(f, severity="medium")
     return f
 
 
