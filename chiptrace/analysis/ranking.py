@@ -270,9 +270,9 @@ def _evaluate(x: RuleInput, changes: dict[str, Change]) -> dict[str, dict[str, f
 
 def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[Finding]:
     """One finding per (rule, step, culprit) (a link's two directions are one), then the
-    findings of one rule and step on chips or links of one type priced together: when no
-    one of them saves half of what fixing them all does, they are one cause, one finding
-    with `parts`."""
+    findings of one rule and step on chips or links of one type that are not faults priced
+    together: when no one of them saves half of what fixing them all does, they are one
+    cause, one finding with `parts`."""
     best: dict[tuple[str, str | None, str], Finding] = {}
     for f in found:
         k = (f.rule, f.step, f.culprit)
@@ -282,7 +282,9 @@ def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[
     groups: dict[tuple[str, str, str], list[Finding]] = defaultdict(list)
     for f in found:
         kind = _kind(x, f.culprit)
-        if kind and f.evidence.get("what_if"):
+        # A fault (a link back at its nominal bandwidth saves the step) is its own cause:
+        # folded into the fabric it would claim the fabric's saving.
+        if kind and f.evidence.get("what_if") and f.kind != "fault":
             groups[(f.rule, kind, _type_of(x, f.culprit))].append(f)
     groups = {k: v for k, v in groups.items() if len(v) > 1}
     res = _evaluate(x, {"|".join(k): _joint(x, v, speeds) for k, v in groups.items()})
