@@ -22,8 +22,28 @@ def severity_for(share: float, high: float = 0.10, medium: float = 0.03) -> str:
     return "low"
 
 
-#: Rules that name an opportunity, not a fault: they rank after every fault of their severity.
-OPPORTUNITIES = frozenset({"precision-opportunity"})
+#: What a finding is, in the order the report lists them (docs/sql.md, `kind`):
+#: - `fault`: a part doing less than it should (slower or later than its peers, a link
+#:   below its nominal bandwidth or down, a rank late): fixing it restores the spec;
+#: - `bottleneck`: a part working as specified that the step waits for (a saturated
+#:   fabric, the only DPU): its saving is that of a faster part, an upgrade or a re-design;
+#: - `opportunity`: a change to the program (a faster precision, pinned memory), not a
+#:   part: its saving is the rule's estimate.
+KINDS = ("fault", "bottleneck", "opportunity")
+_KIND_RANK = {k: i for i, k in enumerate(KINDS)}
+#: Rules that name an opportunity (a change to the program), never a fault or bottleneck.
+OPPORTUNITIES = frozenset({"precision-opportunity", "pageable-copy"})
+#: Rules whose claim is a fault by itself; the replay decides for the others (ranking.py).
+FAULTS = frozenset(
+    {"link-down", "link-avoided", "straggler", "rank-straggler", "error-rate", "dropped-spans"}
+)
+
+
+def kind_of(rule: str) -> str:
+    """A rule's kind before its finding is priced (ranking.py may say fault or bottleneck)."""
+    if rule in OPPORTUNITIES:
+        return "opportunity"
+    return "fault" if rule in FAULTS else "bottleneck"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +62,7 @@ class Finding:
         step: the step name (the workload) the finding is about; None for whole-run findings.
         parts: the chips or links one finding covers when they share one cause (a
             saturated fabric's links); `culprit` is one of them. Empty for one culprit.
+        kind: ``fault``, ``bottleneck`` or ``opportunity`` (KINDS); default from the rule.
     """
 
     rule: str
@@ -53,10 +74,15 @@ class Finding:
     saving_ns: float = 0.0
     step: str | None = None
     parts: tuple[str, ...] = ()
+    kind: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.kind:
+            object.__setattr__(self, "kind", kind_of(self.rule))
 
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON form: rule, severity, culprit, evidence, suggestion, share, step,
-        saving_ms (per step), saving_pct (of the step) and parts."""
+        saving_ms (per step), saving_pct (of the step), parts and kind."""
         return {
             "rule": self.rule,
             "severity": self.severity,
@@ -68,6 +94,7 @@ class Finding:
             "saving_ms": round(self.saving_ns / 1e6, 4),
             "saving_pct": round(self.share * 100, 2),
             "parts": list(self.parts),
+            "kind": self.kind,
         }
 
     @property
@@ -108,13 +135,20 @@ _ORDER = {r: i for i, r in enumerate(RULE_ORDER)}
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
-    """Most severe first; within a severity faults before opportunities, then the largest
-    share of step time at stake (to the percent), then RULE_ORDER, then by name."""
+    """Faults, then bottlenecks, then opportunities, and info findings (under 1% of the
+    step) after all of them; within each, most severe first, then the largest share of
+    step time at stake (to the percent), then RULE_ORDER, then by name.
+
+    Why by kind first: a fault's saving is the part back at its spec, a bottleneck's that
+    of a faster part than the rack has (twice as fast: a choice, not a measurement), an
+    opportunity's the rule's estimate of a program change. They are not one scale, and
+    the first question is what is broken."""
     return sorted(
         findings,
         key=lambda f: (
+            f.severity == "info",
+            _KIND_RANK.get(f.kind, len(KINDS)),
             _RANK.get(f.severity, 9),
-            f.rule in OPPORTUNITIES,
             -round(f.share, 2),
             _ORDER.get(f.rule, len(_ORDER)),
             f.rule,

@@ -25,7 +25,6 @@ saturated PCIe fabric, not twenty saturated links).
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections import defaultdict
 from typing import Any
 
@@ -33,6 +32,7 @@ from chiptrace.analysis import sweep as sweeping
 from chiptrace.analysis.model import Finding, severity_for
 from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.serving import back_ends, evaluate
+from chiptrace.analysis.speeds import peer_speeds, spec_speeds
 from chiptrace.analysis.whatif import MAX_GRAPH_SPANS, Change
 
 INFO_BELOW = 0.01  # a fix that saves less than this share of the step is info
@@ -46,56 +46,6 @@ REPLAY_STEPS = 8  # steps replayed per workload to price its findings (spread: p
 # them, a healthy chip (one dealt bigger batches) saves nothing, and the finding is info
 # (rebalancing work is a change the replay does not make).
 LIKE_PEERS = frozenset({"straggler", "rank-straggler", "step-outliers", "load-imbalance"})
-
-
-def _speeds(x: RuleInput) -> dict[str, float]:
-    """Per chip: how many times slower than the median chip of its type it does the same
-    work, weighted by its time in each op. Work is the op's roofline time on that chip
-    (flops over its peak at the op's precision, or bytes over its memory bandwidth,
-    whichever is longer): decode is memory-bound, prefill compute-bound, and a chip
-    dealt bigger batches is not slower for it."""
-    t = x.tables
-    rows = x.con.sql(
-        "SELECT CAST(chip_id AS VARCHAR) c, CAST(chip_type AS VARCHAR) ty, "
-        "CAST(name AS VARCHAR) n, CAST(op_precision AS VARCHAR) p, "
-        "sum(end_ns - start_ns)::DOUBLE d, sum(coalesce(op_flops, 0))::DOUBLE f, "
-        "sum(coalesce(op_bytes, 0))::DOUBLE b, count(*)::DOUBLE k "
-        # a collective's kernel runs until the last rank arrives: waiting, not work
-        f"FROM spans_raw WHERE chip_id IS NOT NULL AND link_id IS NULL "
-        "AND op_kind IS DISTINCT FROM 'comm' "
-        f"AND start_ns >= {int(t.lo)} AND start_ns < {int(t.hi)} GROUP BY ALL"
-    ).fetchall()
-    per: dict[tuple[str, str], dict[str, tuple[float, float]]] = defaultdict(dict)
-    for chip, ctype, name, prec, d, flops, nbytes, count in rows:
-        w = _work(t.topology, chip, prec, flops, nbytes) or flops or nbytes or count
-        if d > 0 and w > 0:
-            per[(ctype, name)][chip] = (d / w, d)
-    ratios: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for (_, _), by_chip in per.items():
-        if len(by_chip) < 2:
-            continue
-        for chip, (v, d) in by_chip.items():  # against the others: two DPUs have one peer
-            med = statistics.median(o for c, (o, _) in by_chip.items() if c != chip)
-            ratios[chip].append((v / med, d))
-    out = {}
-    for chip, rs in ratios.items():
-        rs.sort()
-        total = sum(w for _, w in rs)
-        acc = 0.0
-        for r, w in rs:  # the time-weighted median ratio
-            acc += w
-            if acc >= total / 2:
-                out[chip] = r
-                break
-    return out
-
-
-def _work(topo: Any, chip: str, prec: str | None, flops: float, nbytes: float) -> float:
-    """Roofline seconds of `flops` and `nbytes` on `chip`; 0 where the topology lacks it."""
-    peak = topo.peak(chip, prec) if flops else None
-    spec = topo.chips.get(chip)
-    bw = spec.memory_bandwidth if spec else 0.0
-    return max(flops / peak if peak else 0.0, nbytes / bw if bw else 0.0)
 
 
 def _kind(x: RuleInput, culprit: str) -> str | None:
@@ -113,8 +63,11 @@ def _kind(x: RuleInput, culprit: str) -> str | None:
 OWN_ESTIMATE = frozenset({"launch-bound"})
 
 
-def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Change]:
-    """The candidate fixes of a finding's culprit, best first (empty: not replayable)."""
+def _fixes(
+    x: RuleInput, f: Finding, speeds: dict[str, float], spec: dict[str, float] | None = None
+) -> dict[str, Change]:
+    """The candidate fixes of a finding's culprit, best first (empty: not replayable);
+    `spec`: lone chips slower than their model (speeds.spec_speeds), by how much."""
     if f.rule in OWN_ESTIMATE or f.evidence.get("chips_lost"):  # no replay adds a chip
         return {}
     if f.rule == "queue-overload":
@@ -137,6 +90,8 @@ def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Chan
         peers = {"peers": Change(speed=speed, undelay=frozenset({f.culprit}))}
         if f.rule in LIKE_PEERS:  # the claim is "slower than its peers": nothing else
             return peers
+        if spec and f.culprit in spec:  # no peers, slower than its model: at its model
+            peers = {"spec": Change(speed={f.culprit: spec[f.culprit]})}
         return {
             **peers,
             "chip 2x": Change(speed={f.culprit: 2.0}),
@@ -144,8 +99,11 @@ def _fixes(x: RuleInput, f: Finding, speeds: dict[str, float]) -> dict[str, Chan
         }
     if kind != "link":
         return {}
-    spec = x.tables.topology.link(f.culprit)
-    nominal = spec.bandwidth if spec else 0.0
+    link = x.tables.topology.link(f.culprit)
+    nominal = link.bandwidth if link else 0.0
+    took = [str(c) for c in f.evidence.get("took_over") or []]
+    if took:  # a chip cut off (its link down, or avoided): its peers share its work again
+        return {"share": Change(speed=dict.fromkeys(took, (len(took) + 1) / len(took)))}
     if f.rule in ("link-down", "link-avoided"):
         went = [str(v) for v in f.evidence.get("traffic_went_over") or []]
         return {"typical": Change(typical=frozenset([f.culprit, *went]))}
@@ -172,14 +130,36 @@ def _joint(x: RuleInput, members: list[Finding], speeds: dict[str, float]) -> Ch
     return Change(speed, bw, frozenset(undelay), frozenset(typical))
 
 
-def _priced(x: RuleInput, f: Finding, saving: float, how: str, **extra: Any) -> Finding:
+def _priced(
+    x: RuleInput, f: Finding, saving: float, how: str, kind: str | None = None, **extra: Any
+) -> Finding:
     share = min(max(saving, 0.0) / x.step_ns, 1.0) if x.step_ns > 0 else 0.0
     sev = "info" if share < INFO_BELOW else severity_for(share)
     ev = {**f.evidence, "what_if": how, **extra}
     return dataclasses.replace(
-        f, severity=sev, share=share, saving_ns=max(saving, 0.0), evidence=ev
+        f,
+        severity=sev,
+        share=share,
+        saving_ns=max(saving, 0.0),
+        evidence=ev,
+        kind=kind or f.kind,
     )
 
+
+# What the fix that priced a finding says it is (model.KINDS): a part back at its peers'
+# speed or its nominal bandwidth was a fault; one that had to be made faster than the rack
+# has, a bottleneck. A fix not here keeps the rule's kind.
+_KIND = {
+    "peers": "fault",
+    "nominal": "fault",
+    "typical": "fault",
+    "share": "fault",
+    "spec": "fault",
+    "chip 2x": "bottleneck",
+    "type 2x": "bottleneck",
+    "2x": "bottleneck",
+    "capacity": "bottleneck",
+}
 
 _HOW = {
     "peers": "its work at its peers' median speed, late starts removed",
@@ -188,6 +168,8 @@ _HOW = {
     "chip 2x": "the chip twice as fast (it is as fast as its peers)",
     "type 2x": "every chip of its type twice as fast (they share the work)",
     "typical": "the transfers it pushed elsewhere at their typical time",
+    "share": "the chip it cut off doing its share again (its peers that much faster)",
+    "spec": "the chip at its model's speed (it has no peers and ran slower than that)",
     "joint": "every part fixed together",
     "capacity": "every serving device twice as fast",
     "extra": "nothing: served requests are outliers for the time they queued",
@@ -231,17 +213,18 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
     found = _not_down(x, found)
     if x.con is None or not x.tables.steps.num_rows:
         return found
-    speeds = _speeds(x)
-    fixes = {i: _fixes(x, f, speeds) for i, f in enumerate(found) if f.step == x.workload}
+    speeds = peer_speeds(x)
+    spec = spec_speeds(x, speeds)
+    fixes = {i: _fixes(x, f, speeds, spec) for i, f in enumerate(found) if f.step == x.workload}
     changes = {f"{i}:{k}": c for i, fx in fixes.items() for k, c in fx.items()}
     if sweep:
-        changes.update(sweeping.candidates(x, found, speeds))
+        changes.update(sweeping.candidates(x, found, speeds, spec))
     if not changes:
         return found
     res = _evaluate(x, changes)
     if not res:
         return found
-    out: list[Finding] = sweeping.findings(x, res, speeds)
+    out: list[Finding] = sweeping.findings(x, res, speeds, spec)
     for i, f in enumerate(found):
         if not fixes.get(i):
             # Not replayable (an op, a chip type, an opportunity): its own estimate, and
@@ -253,7 +236,7 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
             (k for k in fixes[i] if res[f"{i}:{k}"]["saving_ns"] >= INFO_BELOW * x.step_ns),
             list(fixes[i])[-1],
         )
-        out.append(_priced(x, f, res[f"{i}:{best}"]["saving_ns"], _HOW[best]))
+        out.append(_priced(x, f, res[f"{i}:{best}"]["saving_ns"], _HOW[best], _KIND.get(best)))
     return _fold(x, out, speeds)
 
 
@@ -288,9 +271,9 @@ def _evaluate(x: RuleInput, changes: dict[str, Change]) -> dict[str, dict[str, f
 
 def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[Finding]:
     """One finding per (rule, step, culprit) (a link's two directions are one), then the
-    findings of one rule and step on chips or links of one type priced together: when no
-    one of them saves half of what fixing them all does, they are one cause, one finding
-    with `parts`."""
+    findings of one rule and step on chips or links of one type that are not faults priced
+    together: when no one of them saves half of what fixing them all does, they are one
+    cause, one finding with `parts`."""
     best: dict[tuple[str, str | None, str], Finding] = {}
     for f in found:
         k = (f.rule, f.step, f.culprit)
@@ -300,7 +283,9 @@ def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[
     groups: dict[tuple[str, str, str], list[Finding]] = defaultdict(list)
     for f in found:
         kind = _kind(x, f.culprit)
-        if kind and f.evidence.get("what_if"):
+        # A fault (a link back at its nominal bandwidth saves the step) is its own cause:
+        # folded into the fabric it would claim the fabric's saving.
+        if kind and f.evidence.get("what_if") and f.kind != "fault":
             groups[(f.rule, kind, _type_of(x, f.culprit))].append(f)
     groups = {k: v for k, v in groups.items() if len(v) > 1}
     res = _evaluate(x, {"|".join(k): _joint(x, v, speeds) for k, v in groups.items()})
@@ -312,7 +297,10 @@ def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[
         folded |= {id(f) for f in members}
         lead = max(members, key=lambda f: (f.saving_ns, f.evidence.get("busy_share") or 0.0))
         parts = tuple(sorted(f.culprit for f in members))
-        f = _priced(x, lead, joint, _HOW["joint"], parts=len(parts))
+        # Parts that save nothing alone but the step together: the fabric's design (a
+        # bottleneck), unless every one of them was below its own spec.
+        kind = "fault" if all(m.kind == "fault" for m in members) else "bottleneck"
+        f = _priced(x, lead, joint, _HOW["joint"], kind, parts=len(parts))
         out.append(dataclasses.replace(f, parts=parts))
     return [f for f in out if id(f) not in folded]
 

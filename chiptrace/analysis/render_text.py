@@ -64,7 +64,8 @@ def _finding_lines(f: dict[str, Any]) -> list[str]:
     culprit = _s(f["culprit"])
     short = short_name(culprit)
     return [
-        f" {_MARK.get(f['severity'], '  ')} {_s(f['severity']):<6} {_s(f['rule']):<22} "
+        f" {_MARK.get(f['severity'], '  ')} {_s(f['severity']):<6} {_s(f.get('kind') or ''):<11} "
+        f"{_s(f['rule']):<22} "
         f"{short}{where}  {stake}",
         f"           {ev}",
         f"           -> {shorten_in(_s(f['suggestion']).replace(culprit, short))}",
@@ -93,7 +94,10 @@ def render_report(d: dict[str, Any], max_findings: int = 20) -> str:
     )
     if m.get("topology") == {"chips": 0, "links": 0}:
         out.append(f"  {NO_TOPOLOGY}")
-    out += ["", "Findings (most severe first, across workloads)"]
+    out += [
+        "",
+        "Findings (faults, bottlenecks, opportunities; most severe first; across workloads)",
+    ]
     findings = d.get("findings", [])
     if not findings:
         out.append("  none: no rule found a bottleneck")

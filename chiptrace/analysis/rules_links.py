@@ -9,6 +9,7 @@ that carries more of them (a host link behind the NIC is slow only where the NIC
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from typing import Any
@@ -22,7 +23,11 @@ SATURATED = 0.70  # busy and moving data at >= 70% of the link's bandwidth
 BUSY = 0.30  # ... for at least 30% of the time
 SLOW_LINK = 0.5  # achieved bandwidth under half that of links of the same type
 SMALL_MESSAGE = 64 * 1024  # latency dominates below this: achieved bandwidth says little
-MAX_TRANSFER_KEYS = 500_000  # spans read to tell a slow link from its neighbours
+MAX_TRANSFER_KEYS = 500_000
+CARRIERS = (
+    "nic",
+    "switch",
+)  # chip types that only move data  # spans read to tell a slow link from its neighbours
 
 
 def _kind(chip: str | None) -> str:
@@ -140,7 +145,9 @@ def slow_links(x: RuleInput) -> list[Finding]:
             f"check the link (degraded lanes, errors) or route around it",
             _saving(x, lost),
         )
-        out.append(_at_least_medium(f))
+        # Slower than its peers is a fault, whether or not a replay prices it (an nvl72
+        # step is too big to replay: the rule's estimate stands, and so does its kind).
+        out.append(_at_least_medium(dataclasses.replace(f, kind="fault")))
     return out
 
 
@@ -148,9 +155,7 @@ def _at_least_medium(f: Finding) -> Finding:
     # A degraded or missing link is a hardware fault: worth a look even where its traffic
     # cost little this run (rerouted, or hidden behind compute).
     if f.severity in ("low", "info"):
-        return Finding(
-            f.rule, "medium", f.culprit, f.evidence, f.suggestion, f.share, f.saving_ns, f.step
-        )
+        return dataclasses.replace(f, severity="medium")
     return f
 
 
@@ -247,6 +252,59 @@ def link_down(x: RuleInput) -> list[Finding]:
             if peers:
                 out.append(_down_finding(x, lk.id, end, peers))
                 break
+    mine_or_all = None if x.chips is None else mine
+    return out + _cut_off(x, active, uses, used, mine_or_all)
+
+
+def _cut_off(
+    x: RuleInput,
+    active: set[str],
+    uses: dict[str, set[tuple[str, str]]],
+    used: set[str],
+    mine: set[str] | None,
+) -> list[Finding]:
+    """A chip that did nothing, none of whose links carried anything, while chips of its
+    model worked over links like its own: its links are down (a DPU behind its one PCIe
+    link), and its peers did its share. The fix prices as those peers sharing the work
+    again: each (n + 1) / n times faster for n of them."""
+    t = x.tables
+    links_of: dict[str, list[Any]] = defaultdict(list)
+    for lk in t.topology.links:
+        for e in (lk.src, lk.dst):
+            if e:
+                links_of[e].append(lk)
+    out = []
+    working = {r["chip_id"] for r in t.chips.to_pylist() if r["ops"]}
+    for chip, own in links_of.items():
+        if chip in active or any(lk.id in used for lk in own) or _kind(chip) in CARRIERS:
+            continue  # a NIC or switch left unused carries no work of its own to miss
+        kind = _kind(chip)
+        group = peer_group(x, chip, kind)
+        wanted = {(lk.type or "", _kind(lk.dst if lk.src == chip else lk.src)) for lk in own}
+        peers = sorted(
+            c
+            for c in t.topology.chips
+            if c != chip
+            and c in working
+            and peer_group(x, c, _kind(c)) == group
+            and wanted & uses[c]
+        )
+        if not peers or (mine is not None and not set(peers) & mine):
+            continue  # no peer took its share, or none in this workload
+        down = sorted(own, key=lambda lk: lk.id)[0]
+        f = _down_finding(x, down.id, chip, peers)
+        ev = {**f.evidence, "cut_off": chip, "links_down": sorted(lk.id for lk in own)}
+        ev["took_over"] = peers
+        out.append(
+            dataclasses.replace(
+                f,
+                evidence=ev,
+                suggestion=f"{chip} did no work and none of its links carried anything "
+                f"({', '.join(ev['links_down'])}) while {len(peers)} peers of its model worked: "
+                "its links are down and its peers did its share; check the link (cable, lanes, "
+                "firmware) or its state in the fabric manager",
+            )
+        )
     return out
 
 

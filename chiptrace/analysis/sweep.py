@@ -13,6 +13,7 @@ that saves at least MIN_SHARE of the step and that no finding names yet becomes 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import Any
 
@@ -20,13 +21,18 @@ from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.whatif import Change
 
-MIN_SHARE = 0.02  # what a chip must save to be reported without a rule naming it
+MIN_SHARE = 0.01  # what a chip must save to be reported without a rule naming it (info below)
 DEVICE_TYPES = ("gpu", "npu", "cpu", "dpu")
 
 
-def candidates(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> dict[str, Change]:
-    """A what-if per chip with peers that no finding names: keyed `sweep:CHIP`."""
+def candidates(
+    x: RuleInput, found: list[Finding], speeds: dict[str, float], spec: dict[str, float]
+) -> dict[str, Change]:
+    """A what-if per chip that no finding names, keyed `sweep:CHIP`: like its peers, or
+    with none at its model's speed where it ran slower (`spec`), else twice as fast."""
     named = {f.culprit for f in found} | {p for f in found for p in f.parts}
+    # Chips that did a cut-off peer's share (link-down): that finding prices them already.
+    named |= {str(c) for f in found for c in f.evidence.get("took_over") or []}
     by_type: dict[str, list[str]] = defaultdict(list)
     for r in x.chip_rows():
         if r["chip_type"] in DEVICE_TYPES:
@@ -35,7 +41,7 @@ def candidates(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> 
     for chips in by_type.values():
         if len(chips) < 2:  # no peers: is it what the step waits for? twice as fast
             if chips[0] not in named:
-                out[f"sweep:{chips[0]}"] = Change(speed={chips[0]: 2.0})
+                out[f"sweep:{chips[0]}"] = Change(speed={chips[0]: spec.get(chips[0], 2.0)})
             continue
         for c in chips:
             if c in named:
@@ -46,7 +52,7 @@ def candidates(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> 
 
 
 def findings(
-    x: RuleInput, res: dict[str, dict[str, float]], speeds: dict[str, float]
+    x: RuleInput, res: dict[str, dict[str, float]], speeds: dict[str, float], spec: dict[str, float]
 ) -> list[Finding]:
     """The swept chips whose replay saves at least MIN_SHARE of the step."""
     out = []
@@ -55,7 +61,7 @@ def findings(
             continue
         chip = key.split(":", 1)[1]
         if chip not in speeds:  # the only one of its type: the step waits for it
-            out.append(_critical(x, chip, r["saving_ns"]))
+            out.append(_critical(x, chip, r["saving_ns"], spec.get(chip)))
             continue
         k = speeds.get(chip, 1.0)
         what = (
@@ -65,6 +71,7 @@ def findings(
         )
         ev: dict[str, Any] = {
             "found_by": "replay",
+            "what_if": "its work at its peers' median speed, late starts removed",
             "slower_than_peers": round(k, 3),
             "saving_ms": round(r["saving_ns"] / 1e6, 4),
         }
@@ -81,7 +88,23 @@ def findings(
     return out
 
 
-def _critical(x: RuleInput, chip: str, saving: float) -> Finding:
+def _critical(x: RuleInput, chip: str, saving: float, slower: float | None) -> Finding:
+    if slower is not None:  # slower than its model: a fault, priced at its model's speed
+        f = x.finding(
+            "critical-chip",
+            chip,
+            {
+                "found_by": "replay",
+                "what_if": "the chip at its model's speed",
+                "slower_than_model": round(slower, 3),
+                "saving_ms": round(saving / 1e6, 4),
+            },
+            f"{chip} is the only chip of its type here, the step waits for it, and it runs "
+            f"{slower:.2f}x slower than its model: at its model's speed the step saves "
+            f"{saving / 1e6:,.2f} ms; check its clocks, thermals and what else runs on it",
+            saving,
+        )
+        return dataclasses.replace(f, kind="fault")
     return x.finding(
         "critical-chip",
         chip,

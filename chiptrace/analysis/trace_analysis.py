@@ -286,7 +286,8 @@ class TraceAnalysis:
         return self.inputs[0]
 
     def findings(self, rules: Iterable[str] | None = None) -> list[Finding]:
-        """Bottlenecks over every workload, most severe first, then by share of step time."""
+        """Findings over every workload in the report's order (model.sort_findings): faults,
+        bottlenecks, then opportunities, info last; most severe first within each."""
         names = list(rules) if rules is not None else list(RULES)
         per_workload = [n for n in names if n not in RUN_RULES]
         out: list[Finding] = []

@@ -98,18 +98,48 @@ def draw(rng: random.Random, topology: str, workload: str, kind: str, links: lis
     return Case(topology, workload, kind, seed, f"down:{target}", target)
 
 
-def emulate_case(case: Case, out: Path, fault: bool = True) -> Path:
-    """Run the case (or, fault=False, the same seed without its fault) into `out`."""
+def emulate_case(
+    case: Case,
+    out: Path,
+    fault: bool = True,
+    faster_links: tuple[str, ...] = (),
+    faster_chips: tuple[str, ...] = (),
+) -> Path:
+    """Run the case (or, fault=False, the same seed without its fault) into `out`;
+    `faster_links` / `faster_chips`: links at twice their bandwidth, chips twice as fast
+    (a what-if emulation of an inherent bottleneck)."""
     from chiptrace.emulator import emulate
 
+    args = case.emulate_args()
+    if faster_links:
+        args["topology"] = faster(args["topology"], faster_links)
+    faults = [case.fault] if fault and case.fault else []
     emulate(
-        **case.emulate_args(),
+        **args,
         seed=case.seed,
         out=out,
-        faults=[case.fault] if fault and case.fault else [],
+        faults=faults + [f"slow:{c}:0.5" for c in faster_chips],
         progress=False,
     )
     return out
+
+
+def faster(topology: str, links: tuple[str, ...], factor: float = 2.0) -> Any:
+    """The preset `topology` with `links` (ids, or link types) at `factor` x their bandwidth."""
+    import dataclasses
+
+    from chiptrace.emulator.topology import load_topology
+    from chiptrace.topology import Topology
+
+    topo = load_topology(topology)
+    chosen = set(links)
+    new = [
+        dataclasses.replace(lk, bandwidth=lk.bandwidth * factor)
+        if lk.id in chosen or lk.type in chosen
+        else lk
+        for lk in topo.links
+    ]
+    return Topology(dict(topo.chips), new, topo.name, topo.source, topo.description)
 
 
 def the_step(ta: Any, serving: bool) -> float:
@@ -151,7 +181,8 @@ class Outcome:
     claimed: float | None = None
     findings: list[Any] = field(default_factory=list)
     peer: str = ""
-    checked: list[tuple[float, float]] = field(default_factory=list)  # (claimed, emulated)
+    # inherent bottlenecks checked by emulation: (rule:culprit, claimed, emulated ns)
+    checked: list[tuple[str, float, float]] = field(default_factory=list)
 
     @property
     def moved(self) -> float:

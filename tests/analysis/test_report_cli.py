@@ -21,6 +21,7 @@ FINDING_KEYS = {
     "saving_ms",
     "saving_pct",
     "parts",
+    "kind",
 }
 
 
@@ -39,7 +40,12 @@ def test_report_json_keys(tmp_path: Path, capsys) -> None:
         data
     )
     assert all(set(f) == FINDING_KEYS for f in data["findings"])
-    ranks = [("high", "medium", "low", "info").index(f["severity"]) for f in data["findings"]]
+    sev = ("high", "medium", "low", "info")
+    kinds = ("fault", "bottleneck", "opportunity")
+    ranks = [
+        (f["severity"] == "info", kinds.index(f["kind"]), sev.index(f["severity"]))
+        for f in data["findings"]
+    ]
     assert ranks == sorted(ranks)
     for key in ("step_ms_p50", "step_ms_p99", "utilization", "comm_share", "mfu", "spans_dropped"):
         assert key in data["metrics"]
