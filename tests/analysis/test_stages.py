@@ -116,3 +116,24 @@ def test_ranks_that_share_a_chip_are_scanned_as_one_store(ranks4, tmp_path):
     runner = PathsRunner()
     assert _report(store, runner) == _report(store)
     assert runner.calls["scan"] == 4 and runner.calls["tables"] == 1
+
+
+def test_a_rank_whose_chip_spans_do_not_nest_is_scanned_as_the_store_is(ranks4, tmp_path):
+    """Whether chip spans nest is the store's answer: a rank without nesting (here: its
+    parent ids dropped) scans again with the others' answer, and the report is the same."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _, hive = ranks4
+    store = tmp_path / "store"
+    shutil.copytree(hive, store)
+    for part in (store / "spans" / "rank=1").glob("*.parquet"):
+        t = pq.read_table(part)
+        i = t.column_names.index("parent_span_id")
+        field = t.schema.field(i)
+        pq.write_table(t.set_column(i, field, pa.nulls(t.num_rows, field.type)), part)
+    runner = PathsRunner()
+    assert _report(store, runner) == _report(store)
+    assert runner.calls["scan"] == 5 and "tables" not in runner.calls  # rank 1 twice
