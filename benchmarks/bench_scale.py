@@ -36,10 +36,11 @@ FULL = (64, 19)  # ranks, copies of the fixture's steps per rank: ~33 MB a file
 QUICK = (8, 2)
 
 
-def _processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, resident bytes), from /proc."""
+def _processes() -> dict[int, tuple[int, int, float]]:
+    """pid -> (parent pid, resident bytes, CPU seconds so far), from /proc."""
     out = {}
     page = os.sysconf("SC_PAGE_SIZE")
+    tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -47,16 +48,17 @@ def _processes() -> dict[int, tuple[int, int]]:
                     fields = fh.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            out[int(entry)] = (int(fields[1]), int(fields[21]) * page)
+            cpu = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+            out[int(entry)] = (int(fields[1]), int(fields[21]) * page, cpu)
     return out
 
 
-def _descendants(root: int, procs: dict[int, tuple[int, int]]) -> set[int]:
+def _descendants(root: int, procs: dict[int, tuple[int, int, float]]) -> set[int]:
     tree, todo = set(), [root]
     while todo:
         pid = todo.pop()
         tree.add(pid)
-        todo += [c for c, (p, _) in procs.items() if p == pid and c not in tree]
+        todo += [c for c, (p, _, _) in procs.items() if p == pid and c not in tree]
     return tree
 
 
@@ -65,6 +67,11 @@ class Run:
     wall_s: float
     client_mib: float  # the chiptrace process itself
     worker_mib: float  # the largest other process of its tree (a Dask worker or nanny)
+    # CPU seconds (as last sampled, every 0.1 s) of the chiptrace process (the client, with
+    # a LocalCluster's scheduler in it) and of all the others (the workers): a wall-time
+    # speed-up needs idle cores, these say where the work went on a loaded machine too.
+    client_cpu_s: float = 0.0
+    worker_cpu_s: float = 0.0
 
 
 def measure(cmd: list[str]) -> Run:
@@ -72,16 +79,26 @@ def measure(cmd: list[str]) -> Run:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak: dict[int, int] = {}
+    cpu: dict[int, float] = {}
     while proc.poll() is None:
         procs = _processes()
         for pid in _descendants(proc.pid, procs):
-            peak[pid] = max(peak.get(pid, 0), procs.get(pid, (0, 0))[1])
+            rss, used = procs.get(pid, (0, 0, 0.0))[1:]
+            peak[pid] = max(peak.get(pid, 0), rss)
+            cpu[pid] = max(cpu.get(pid, 0.0), used)
         time.sleep(0.1)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}: {proc.stderr.read().decode()[-800:]}")
     others = [v for pid, v in peak.items() if pid != proc.pid]
-    return Run(wall, peak.get(proc.pid, 0) / 2**20, max(others, default=0) / 2**20)
+    worker_cpu = sum(v for pid, v in cpu.items() if pid != proc.pid)
+    return Run(
+        wall,
+        peak.get(proc.pid, 0) / 2**20,
+        max(others, default=0) / 2**20,
+        cpu.get(proc.pid, 0.0),
+        worker_cpu,
+    )
 
 
 def chiptrace(*args: str) -> list[str]:
@@ -90,7 +107,11 @@ def chiptrace(*args: str) -> list[str]:
 
 def line(label: str, r: Run) -> None:
     worker = f"  largest worker {r.worker_mib:6.0f} MiB" if r.worker_mib else ""
-    print(f"  {label:<28} {r.wall_s:7.2f} s  client {r.client_mib:6.0f} MiB{worker}", flush=True)
+    cpu = f"  CPU-s client {r.client_cpu_s:6.1f} workers {r.worker_cpu_s:6.1f}"
+    print(
+        f"  {label:<28} {r.wall_s:7.2f} s  client {r.client_mib:6.0f} MiB{worker}{cpu}",
+        flush=True,
+    )
 
 
 def main() -> None:

@@ -92,6 +92,7 @@ def connect(
     threads: int | None = None,
     verify: bool = False,
     memory_limit: str | None = None,
+    macros: bool = True,
 ) -> duckdb.DuckDBPyConnection:
     """Open DuckDB over one or more trace directories (globs allowed) as one dataset.
 
@@ -109,6 +110,9 @@ def connect(
             per million spans: for commands that read everything anyway (export, report).
         memory_limit: DuckDB's memory limit (`'2GB'`); past it, sorts, joins and
             aggregates spill to a temporary directory. Default: DuckDB's (80% of RAM).
+        macros: create the analysis macros (`utilization(...)`, ...): half of a
+            connection's cost over a rank's parts; a report's stages (which read
+            `spans_raw` only) go without.
 
     Raises:
         StoreError: a missing dir, or no parts at all (unless allow_empty).
@@ -139,7 +143,8 @@ def connect(
     con.register("_runs_arrow", _runs_table(read_manifests(dirs)))
     con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runs_arrow")
     attach_metrics(con, dirs)
-    _macros.install(con)  # analysis macros: utilization(window_ms), link_throughput(...), ...
+    if macros:
+        _macros.install(con)  # analysis macros: utilization(window_ms), link_throughput(...), ...
     return con
 
 

@@ -237,17 +237,53 @@ def load_workloads(
         src = wl.in_window(cands, where)
         choices = wl.guess(con, src, where=where)
         rows = [wl.step_rows(con, c, where, None if c.glob else src) for c in choices]
-    n_steps = sum(r.num_rows for r in rows)
-    big = spans > SMALL_STEP_SPANS * max(n_steps, 1)
+    max_steps, links = chip_sample(spans, rows)
     out = []
     for choice, steps in zip(choices, rows, strict=True):
-        # One workload owns every link anyway (TraceAnalysis.inputs): no pass for its links.
-        sc, links = step_chips(
-            con, steps, where, lo, hi, STRAGGLER_STEPS * (1 if big else 4), len(choices) > 1
-        )
-        chips = frozenset(c for c in sc.column("chip_id").to_pylist() if c is not None)
-        out.append(WorkloadTables(choice, steps, sc, chips, links))
+        sc, used = step_chips(con, steps, where, lo, hi, max_steps, links)
+        out.append(workload(choice, steps, sc, used))
     return out
+
+
+def chip_sample(spans: int, rows: list[pa.Table]) -> tuple[int, bool]:
+    """`step_chips`' `max_steps` and `links` for workloads of these steps (`rows`)."""
+    n_steps = sum(r.num_rows for r in rows)
+    big = spans > SMALL_STEP_SPANS * max(n_steps, 1)
+    # One workload owns every link anyway (TraceAnalysis.inputs): no pass for its links.
+    return STRAGGLER_STEPS * (1 if big else 4), len(rows) > 1
+
+
+def workload(
+    choice: StepChoice, steps: pa.Table, sc: pa.Table, links: frozenset[str]
+) -> WorkloadTables:
+    chips = frozenset(c for c in sc.column("chip_id").to_pylist() if c is not None)
+    return WorkloadTables(choice, steps, sc, chips, links)
+
+
+def merge_step_chips(parts: list[pa.Table]) -> pa.Table:
+    """`step_chips` of a store's shares (the same sampled steps, each share's own spans)
+    as one: a (step, chip) seen in several shares gets its first and last op and its
+    summed op and comm time."""
+    table = pa.concat_tables(parts, promote_options="permissive")
+    keys = list(zip(table["step_id"].to_pylist(), table["chip_id"].to_pylist(), strict=True))
+    if len(set(keys)) == len(keys):
+        return table
+    merged = table.group_by(["step_id", "chip_id"], use_threads=False).aggregate(
+        [
+            ("chip_type", "max"),
+            ("first_ns", "min"),
+            ("last_ns", "max"),
+            ("op_ns", "sum"),
+            ("comm_ns", "sum"),
+        ]
+    )
+    merged = merged.rename_columns(
+        [
+            k.rsplit("_", 1)[0] if k.endswith(("_max", "_min", "_sum")) else k
+            for k in merged.column_names
+        ]
+    )
+    return merged.select(list(_STEP_CHIP_COLUMNS)).cast(pa.schema(_STEP_CHIP_COLUMNS))
 
 
 def busiest_first(workloads: list[WorkloadTables], busy: dict[str, int]) -> list[WorkloadTables]:

@@ -19,15 +19,31 @@ TIME_LIMIT = 1 << 62
 _S, _I = pa.string(), pa.int64()
 
 
-def extent(con: Any, lo: int, hi: int, where: str) -> tuple[int, int, int]:
+Extent = tuple[int | None, int | None, int]  # first start, last end (None: no span), spans
+
+
+def extent_part(con: Any, lo: int, hi: int, where: str) -> Extent:
+    """The clipped first start, last end and count of the spans behind `con`: the shares
+    of a store (stages on a cluster) merge by min, max and sum (`merge_extent`)."""
     rows = con.sql(
         f"SELECT min(greatest(start_ns, {lo})), max(least(greatest(end_ns, start_ns), {hi})), "
         f"count(*) FROM spans_raw WHERE {where}"
     ).fetchall()
     t0, t1, n = rows[0] if rows else (None, None, 0)
-    t0 = lo if lo > -TIME_LIMIT else int(t0 or 0)
-    t1 = hi if hi < TIME_LIMIT else int(t1 or 0)
-    return t0, max(t1, t0), int(n or 0)
+    return (None if t0 is None else int(t0), None if t1 is None else int(t1), int(n or 0))
+
+
+def merge_extent(parts: list[Extent], lo: int, hi: int) -> tuple[int, int, int]:
+    """The analysed range (t0, t1) and its span count from the parts' extents."""
+    starts = [p[0] for p in parts if p[0] is not None]
+    ends = [p[1] for p in parts if p[1] is not None]
+    t0 = lo if lo > -TIME_LIMIT else (min(starts) if starts else 0)
+    t1 = hi if hi < TIME_LIMIT else (max(ends) if ends else 0)
+    return t0, max(t1, t0), sum(p[2] for p in parts)
+
+
+def extent(con: Any, lo: int, hi: int, where: str) -> tuple[int, int, int]:
+    return merge_extent([extent_part(con, lo, hi, where)], lo, hi)
 
 
 def overlap_where(lo: int, hi: int) -> str:
@@ -35,7 +51,7 @@ def overlap_where(lo: int, hi: int) -> str:
     return f"end_ns >= {lo} AND start_ns < {hi} AND start_ns >= {-TIME_LIMIT}"
 
 
-def _nested(con: Any, cands: str) -> tuple[bool, bool]:
+def nesting(con: Any, cands: str) -> tuple[bool, bool]:
     """Does any chip span have a child on a chip; any link span a child on a link? (Read
     off the candidates table: the spans with children.)"""
     rows = con.sql(
@@ -45,17 +61,20 @@ def _nested(con: Any, cands: str) -> tuple[bool, bool]:
     return (bool(rows[0][0]), bool(rows[0][1])) if rows else (False, False)
 
 
-def sources(con: Any, lo: int, hi: int, cands: str) -> tuple[str, str]:
+def sources(
+    con: Any, lo: int, hi: int, cands: str, nested: tuple[bool, bool] | None = None
+) -> tuple[str, str]:
     """FROM-clause SQL for op spans and transfers, each with a `{chunk}` placeholder for a
     condition on the raw start_ns (intervals.chunk_bounds). Leaf spans only (what the
     `chip_ops` / `link_transfers` macros give) when some chip (link) span has a chip (link)
     child: an anti-join on the candidates table, whose spans are the only parents; else the
     same rows by a plain filter, which most traces allow (no chip span nests in another),
     and which costs about half the CPU of a pass over 10M spans. Times are clipped to
-    [lo, hi]."""
+    [lo, hi]. `nested`: the (chips, links) answer of the whole store (`nesting`), where
+    `con` holds a share of it."""
     s, e = f"greatest(start_ns, {lo})", f"least(end_ns, {hi})"
     where = overlap_where(lo, hi)
-    chips_nest, links_nest = _nested(con, cands)
+    chips_nest, links_nest = nested if nested is not None else nesting(con, cands)
     if chips_nest:  # the chip_ops macro's rows and bounds
         op_from = (
             f"spans_raw ANTI JOIN (SELECT span_id AS id FROM {cands} WHERE chip_child) p "

@@ -88,7 +88,7 @@ def connection(src: Source) -> Iterator[Any]:
         return
     from chiptrace.query import connect
 
-    con = connect(list(src), memory_limit=TASK_MEMORY_LIMIT)
+    con = connect(list(src), memory_limit=TASK_MEMORY_LIMIT, macros=False)
     try:
         yield con
     finally:

@@ -173,39 +173,76 @@ def load_tables(
     lo, hi = bounds(since_ns, until_ns)
     where = overlap_where(lo, hi)
     t0, t1, n = extent(con, lo, hi, where)
-    w = max((t1 - t0) // max(windows, 1) + 1, 1)
+    w = window_width(t0, t1, windows)
     with candidates(con) as cands:
         ops, xfers = sources(con, lo, hi, cands)
         workloads = load_workloads(con, where, lo, hi, n, cands, step_name) if n else []
         chip_ops = chip_op_totals(con, ops)
-        ids = dict(zip(chip_ops["k"].to_pylist(), chip_ops["chip_id"].to_pylist(), strict=True))
-        chip_ops = chip_ops.drop_columns(["k"])
-        util = utilization(con, ops, t0, t1, w, sum(chip_ops["ops"].to_pylist()), ids)
+        util = utilization(
+            con, ops, t0, t1, w, sum(chip_ops["ops"].to_pylist()), chip_keys(chip_ops)
+        )
         links, sizes = link_totals(con, xfers, t0, t1)
-    chips, chip_ops = _typed_chips(chip_ops, util, workloads)
+    scanned = Scanned(
+        lo, hi, t0, t1, n, w, workloads, chip_ops.drop_columns(["k"]), util, links, sizes
+    )
+    return tables_of(con, scanned)
+
+
+def window_width(t0: int, t1: int, windows: int) -> int:
+    """The width of the utilization windows: `windows` of them over [t0, t1]."""
+    return max((t1 - t0) // max(windows, 1) + 1, 1)
+
+
+def chip_keys(chip_ops: pa.Table) -> dict[int, str]:
+    """The chip id of each key hash (`scans.chip_op_totals`' `k`: the busy union's key)."""
+    return dict(zip(chip_ops["k"].to_pylist(), chip_ops["chip_id"].to_pylist(), strict=True))
+
+
+@dataclass
+class Scanned:
+    """What the store-wide scans give (`load_tables`; on a cluster, each share's merged:
+    analysis/scan_stages.py): the range, the workloads, chip_ops (scans.chip_op_totals
+    without its key), util, and links and link sizes (scans.link_totals)."""
+
+    lo: int
+    hi: int
+    t0: int
+    t1: int
+    spans: int
+    window_ns: int
+    workloads: list[WorkloadTables]
+    chip_ops: pa.Table
+    util: pa.Table
+    links: pa.Table
+    sizes: pa.Table
+
+
+def tables_of(con: Any, s: Scanned) -> TraceTables:
+    """TraceTables from the scans' results and the writer manifests behind `con`."""
+    chips, chip_ops = _typed_chips(s.chip_ops, s.util, s.workloads)
     busy = dict(zip(chips["chip_id"].to_pylist(), chips["busy_ns"].to_pylist(), strict=True))
-    workloads = busiest_first(workloads, busy)
+    workloads = busiest_first(s.workloads, busy)
     manifests = _manifests(con)
     dropped = sum(int(m.get("spans_dropped") or 0) for m in manifests)
     first = workloads[0] if workloads else None
     return TraceTables(
-        t0=t0,
-        t1=t1,
-        spans=n,
+        t0=s.t0,
+        t1=s.t1,
+        spans=s.spans,
         chips=chips,
         chip_ops=chip_ops,
-        util=util,
-        links=_fill_types(links, "link_id", "link_type", type_of_link),
-        link_sizes=sizes,
+        util=s.util,
+        links=_fill_types(s.links, "link_id", "link_type", type_of_link),
+        link_sizes=s.sizes,
         steps=first.steps if first else _NO_STEPS,
         step_chips=first.step_chips if first else empty_step_chips(),
         workloads=workloads,
-        lo=lo,
-        hi=hi,
+        lo=s.lo,
+        hi=s.hi,
         topology=merge_topologies(manifests),
         manifests=manifests,
         spans_dropped=dropped,
-        window_ns=w,
+        window_ns=s.window_ns,
     )
 
 

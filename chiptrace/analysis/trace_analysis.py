@@ -27,9 +27,10 @@ from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
 from chiptrace.analysis.ranking import below_resolution, replay_savings
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput
+from chiptrace.analysis.scan_stages import store_tables
 from chiptrace.analysis.stages import InProcess, Runner, Stages, rank_figures, sampled_steps
 from chiptrace.analysis.steps import Step, load_steps, pick_steps, step_groups, whole_trace
-from chiptrace.analysis.tables import COMPUTE_TYPES, TraceTables, load_tables
+from chiptrace.analysis.tables import COMPUTE_TYPES, TraceTables
 
 Rule = Callable[[RuleInput], list[Finding]]
 
@@ -167,9 +168,16 @@ class TraceAnalysis:
 
     @cached_property
     def tables(self) -> TraceTables:
-        """The run reduced to per-chip, per-link, per-step tables (computed once)."""
-        return load_tables(
-            self.con, self.since_ns, self.until_ns, windows=self.windows, step_name=self.step_name
+        """The run reduced to per-chip, per-link, per-step tables (computed once; on a
+        cluster as stages: analysis/scan_stages.py)."""
+        return store_tables(
+            self.runner,
+            self.con,
+            self.sources,
+            self.since_ns,
+            self.until_ns,
+            windows=self.windows,
+            step_name=self.step_name,
         )
 
     def _sample(self, t: TraceTables, budget: float) -> tuple[list[Step], list[CriticalPath]]:

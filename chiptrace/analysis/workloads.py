@@ -29,9 +29,10 @@ from __future__ import annotations
 import re
 import secrets
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
@@ -105,11 +106,12 @@ def _registered(con: Any, names: tuple[str, ...]) -> Any:
 
 
 @contextmanager
-def candidates(con: Any) -> Any:
+def candidates(con: Any, orphans: list[bytes] | None = None) -> Any:
     """A temporary table of the spans that have children, over the whole store (the only
     possible guessed steps; a few percent of spans), with whether a child is on a chip or
     a link (`tables` asks that of chip and link spans). One pass over the store's parent
-    ids and one over its span ids: about 1 CPU-s on 10M spans."""
+    ids and one over its span ids: about 1 CPU-s on 10M spans. `orphans` gets the parent
+    ids no span behind `con` has (a share of a store: parents it leaves to another)."""
     tmp = f"_ct_cand_{secrets.token_hex(4)}"
     par = f"_ct_par_{secrets.token_hex(4)}"
     con.execute(f"""
@@ -136,6 +138,13 @@ def candidates(con: Any) -> Any:
         con.execute(f"""
             INSERT INTO {tmp} SELECT {cols} FROM spans_raw s JOIN {par} p ON p.id = s.span_id
             WHERE s.link_id IS NOT NULL""")
+        if orphans is not None:
+            orphans += [
+                i
+                for (i,) in con.sql(
+                    f"SELECT id FROM {par} ANTI JOIN {tmp} ON span_id = id"
+                ).fetchall()
+            ]
     con.execute(f"DROP TABLE IF EXISTS {par}")
     try:
         yield tmp
@@ -159,14 +168,20 @@ class _Family:
     parents: Counter[str] = field(default_factory=Counter)
 
 
-def _families(con: Any, tmp: str) -> dict[str, _Family]:
-    rows = con.sql(f"""
+def family_rows(con: Any, tmp: str) -> list[tuple[Any, ...]]:
+    """Per (name, parent's name, root): spans, step attribute, summed duration, of the
+    candidates `tmp`; the rows of a store's shares (stages on a cluster) add up."""
+    rows: list[tuple[Any, ...]] = con.sql(f"""
         SELECT c.name, pc.name AS parent, c.parent_span_id IS NULL AS root, count(*) AS n,
                bool_or(c.attr) AS attr, sum(CAST(c.end_ns AS DOUBLE) - c.start_ns) AS ns
         FROM {tmp} c LEFT JOIN {tmp} pc
              ON pc.span_id = c.parent_span_id AND pc.trace_id = c.trace_id
         WHERE NOT c.op_call AND NOT coalesce(c.links LIKE '%"kind":"launch"%', false)
         GROUP BY ALL""").fetchall()
+    return rows
+
+
+def _families(rows: list[tuple[Any, ...]]) -> dict[str, _Family]:
     fams: dict[str, _Family] = {}
     for name, parent, root, n, attr, ns in rows:
         f = fams.setdefault(family(name), _Family(family(name), Counter()))
@@ -221,15 +236,20 @@ def _ancestors(fams: dict[str, _Family], picked: list[_Family]) -> set[str]:
     return out
 
 
-def _back_ends(con: Any, tmp: str, fams: dict[str, _Family]) -> dict[str, str]:
-    """Families whose spans are mostly link targets of another family's root spans."""
-    rows = con.sql(f"""
+def link_rows(con: Any, tmp: str) -> list[tuple[Any, ...]]:
+    """Per (root's name, linked span's name): the linked spans, among the candidates."""
+    rows: list[tuple[Any, ...]] = con.sql(f"""
         WITH l AS (SELECT c.name, unnest(json_extract_string(c.links, '$[*].span_id')) AS sid
                    FROM {tmp} c
                    WHERE c.parent_span_id IS NULL AND c.links IS NOT NULL AND json_valid(c.links)
                      AND json_type(c.links) = 'ARRAY')
         SELECT l.name, t.name, count(DISTINCT t.span_id)
         FROM l JOIN {tmp} t ON lower(hex(t.span_id)) = lower(l.sid) GROUP BY ALL""").fetchall()
+    return rows
+
+
+def _back_ends(rows: list[tuple[Any, ...]], fams: dict[str, _Family]) -> dict[str, str]:
+    """Families whose spans are mostly link targets of another family's root spans."""
     by_name = {n: f.name for f in fams.values() for n in f.names}
     targets: dict[tuple[str, str], int] = defaultdict(int)
     for src, dst, n in rows:
@@ -244,22 +264,39 @@ def guess(
 ) -> list[StepChoice]:
     """The workloads' steps as the module docstring describes, busiest first (`where`, the
     analysed range's SQL condition, lets profiler steps without children be found too)."""
-    fams = _families(con, tmp)
+    return guess_from(
+        family_rows(con, tmp),
+        lambda: link_rows(con, tmp),
+        None if where is None else lambda: glob_rows(con, where, PROFILER_STEPS),
+        max_workloads,
+    )
+
+
+def guess_from(
+    families: list[tuple[Any, ...]],
+    links: Callable[[], list[tuple[Any, ...]]],
+    profiler_steps: Callable[[], list[tuple[Any, ...]]] | None,
+    max_workloads: int = MAX_WORKLOADS,
+) -> list[StepChoice]:
+    """`guess` from the rows of `family_rows`, `link_rows` and, where profiler steps may
+    be found without children, `glob_rows` of PROFILER_STEPS (each asked for only if
+    needed): one store's, or its shares' together."""
+    fams = _families(families)
     if not fams:
         return []
     # The program's own step spans (a step number on a span that repeats) win over the
     # profiler's markers: under chiptrace.torch the ops sit under the program's `step`.
     own = any(f.attr and f.spans >= 2 for f in fams.values())
     profiler = any(_PROFILER_STEP.match(n) for f in fams.values() for n in f.names)
-    if where is not None and profiler and not own:
+    if profiler_steps is not None and profiler and not own:
         return [
             StepChoice(
                 c.name, c.names, c.spans, _PROFILER_REASON.format(n=c.spans), c.glob, "profiler"
             )
-            for c in choose_glob(con, where, PROFILER_STEPS, max_workloads)
+            for c in choose_from(profiler_steps(), PROFILER_STEPS, max_workloads)
         ]
     depth = _depths(fams)
-    back = _back_ends(con, tmp, fams)
+    back = _back_ends(links(), fams)
     repeating = [f for f in fams.values() if f.spans >= 2 and f.name not in back]
     tagged = [f for f in repeating if f.attr]
     if tagged:
@@ -308,18 +345,36 @@ def choose_glob(con: Any, where: str, pattern: str, max_workloads: int = MAX_WOR
     Raises:
         StepError: the pattern matches no span (the message lists the commonest names).
     """
-    rows = con.execute(
+    out = choose_from(glob_rows(con, where, pattern), pattern, max_workloads)
+    if not out:
+        no_match(con, where, pattern)
+    return out
+
+
+def glob_rows(con: Any, where: str, pattern: str) -> list[tuple[str, int]]:
+    """(name, spans) of the span names `pattern` matches; a store's shares' rows add up."""
+    rows: list[tuple[str, int]] = con.execute(
         f"SELECT CAST(name AS VARCHAR) AS n, count(*) FROM spans_raw "
         f"WHERE CAST(name AS VARCHAR) GLOB $1 AND {where} GROUP BY 1",
         [pattern],
     ).fetchall()
-    if not rows:
-        common = con.sql(
-            f"SELECT CAST(name AS VARCHAR), count(*) AS c FROM spans_raw WHERE {where} "
-            "GROUP BY 1 ORDER BY c DESC, 1 LIMIT 5"
-        ).fetchall()
-        names = ", ".join(f"{n!r} ({c})" for n, c in common) or "none: the trace has no spans"
-        raise StepError(f"--step {pattern!r} matches no span name; the most common: {names}")
+    return rows
+
+
+def no_match(con: Any, where: str, pattern: str) -> NoReturn:
+    """Raise StepError: `pattern` matches no span name (naming the commonest ones)."""
+    common = con.sql(
+        f"SELECT CAST(name AS VARCHAR), count(*) AS c FROM spans_raw WHERE {where} "
+        "GROUP BY 1 ORDER BY c DESC, 1 LIMIT 5"
+    ).fetchall()
+    names = ", ".join(f"{n!r} ({c})" for n, c in common) or "none: the trace has no spans"
+    raise StepError(f"--step {pattern!r} matches no span name; the most common: {names}")
+
+
+def choose_from(
+    rows: list[tuple[str, int]], pattern: str, max_workloads: int = MAX_WORKLOADS
+) -> list[StepChoice]:
+    """`choose_glob`'s workloads from `glob_rows` (a store's, or its shares' together)."""
     fams: dict[str, Counter] = defaultdict(Counter)
     for n, c in rows:
         fams[family(n)][n] += c
@@ -355,3 +410,10 @@ def step_rows(con: Any, choice: StepChoice, where: str, tmp: str | None) -> pa.T
             FROM m ANTI JOIN m AS pm ON pm.span_id = m.parent_span_id AND pm.trace_id = m.trace_id
             ORDER BY m.start_ns, m.span_id""",
         )
+
+
+def merge_step_rows(parts: list[pa.Table]) -> pa.Table:
+    """`step_rows` of a store's shares (each step nested only in its own share's steps)
+    as one: in `step_rows`' order, start then span id."""
+    table = pa.concat_tables(parts, promote_options="permissive")
+    return table.sort_by([("start_ns", "ascending"), ("span_id", "ascending")])

@@ -161,7 +161,9 @@ def import_trace(
             from chiptrace.importers.tasks import InProcess, run_tasks
 
             ex = executor if executor is not None else InProcess(workers)
-            summary = run_tasks(files, formats, Path(out), align, seed, ex, on_task, partition_by)
+            summary = run_tasks(
+                files, formats, Path(out), align, seed, ex, on_task, partition_by, merge
+            )
     finally:
         pa.set_memory_pool(pool)
     summary.seconds = time.perf_counter() - t0

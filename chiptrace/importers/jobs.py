@@ -35,7 +35,13 @@ def check_one_job(pending: list[Any]) -> None:
     Raises:
         TraceFormatError: duplicate ranks, different world sizes, or clocks hours apart.
     """
-    facts = [p.facts for p in pending]
+    check_files([(p.facts, first_ns(p)) for p in pending])
+
+
+def check_files(files: list[tuple[Any, int | None]]) -> None:
+    """`check_one_job` from each file's facts and first span start (`first_ns`), where
+    the files were read elsewhere (a task import's read tasks)."""
+    facts = [f for f, _ in files]
     sizes = {f.world_size for f in facts if f.world_size is not None}
     if len(sizes) > 1:
         a = next(f for f in facts if f.world_size == min(sizes))
@@ -48,7 +54,7 @@ def check_one_job(pending: list[Any]) -> None:
         if f.rank in seen:
             _refuse(seen[f.rank], f.path, f"both rank {f.rank}")
         seen[f.rank] = f.path
-    firsts = [(t, p.facts.path) for p in pending if (t := first_ns(p)) is not None]
+    firsts = [(t, f.path) for f, t in files if t is not None]
     if len(firsts) > 1:
         lo, hi = min(firsts), max(firsts)
         if hi[0] - lo[0] > APART_NS:

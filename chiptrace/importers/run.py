@@ -193,4 +193,5 @@ def _file_summary(f: FileFacts) -> dict[str, Any]:
 # The per-file steps the task plan (chiptrace.importers.tasks) runs as tasks.
 reader_for = _reader
 documents = _documents
+context_copies = _context_copies
 summarize = _summary

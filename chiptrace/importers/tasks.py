@@ -37,10 +37,13 @@ from typing import Any, Protocol
 from chiptrace.importers import ImportSummary
 from chiptrace.importers.assemble import Assembler, Pending, align_offsets, qualifier
 from chiptrace.importers.detect import detect
+from chiptrace.importers.jaeger_context import ContextCopies
+from chiptrace.importers.jobs import check_files, first_ns
 from chiptrace.importers.plan import Block, FileFacts
 from chiptrace.importers.pool import Pool, worker_count
 from chiptrace.importers.run import (
     TRACE_EVENT_FORMATS,
+    context_copies,
     documents,
     import_manifest,
     reader_for,
@@ -51,6 +54,9 @@ from chiptrace.store import PART_SUFFIX, SPANS_DIR
 
 _BLOCKS = "blocks.pickle"
 _DOCUMENTS = ("otlp-json", "jaeger-json")  # carry their ids: final as read, no pass 2
+# Jaeger files are read together, in one task (`read_jaeger_files`): a context copy is
+# stored only where its span is in none of the files (jaeger_context), as in process.
+_JAEGER = "jaeger-json"
 
 
 @dataclass
@@ -60,6 +66,8 @@ class ReadResult:
     no: int
     facts: FileFacts
     done: bool  # OTLP / Jaeger: the parts are written already, there is no pass 2
+    first_ns: int | None = None  # the first span's start (jobs.first_ns), for --merge's check
+    jaeger: bool = False  # detected as Jaeger: nothing read, left to read_jaeger_files
 
 
 def task_dir(staging: Path, kind: str, no: int) -> Path:
@@ -102,6 +110,8 @@ def read_file(
     root = Path(staging)
     if fmt == "auto":
         fmt = detect(path)
+    if fmt == _JAEGER:
+        return ReadResult(no, FileFacts(path=path, format=fmt), False, jaeger=True)
     if fmt not in TRACE_EVENT_FORMATS:
         final = task_dir(root, "write", no)
         tmp = _fresh(final)
@@ -124,10 +134,33 @@ def read_file(
             block.spill = None if block.spill is None else Path(block.spill).name
             blocks.append(block)
             reader.facts.spans += len(block.start)
+    reader.facts.warnings = list(reader.stream.warnings)
     with open(tmp / _BLOCKS, "wb") as fh:
         pickle.dump(blocks, fh, protocol=5)
     _publish(tmp, final)
-    return ReadResult(no, reader.facts, False)
+    first = first_ns(Pending(no, reader.facts, blocks))
+    return ReadResult(no, reader.facts, False, first)
+
+
+def read_jaeger_files(
+    paths: list[str], nos: list[int], staging: str, writer_id: str
+) -> list[ReadResult]:
+    """Every Jaeger file of the import, in one task: their parts into the first one's
+    `<staging>/write-NNNNN/`, the context copies whose span is in none of them last (the
+    in-process import's ContextCopies, which needs every file)."""
+    final = task_dir(Path(staging), "write", nos[0])
+    tmp = _fresh(final)
+    parts = _parts_staging(tmp, f"{writer_id}-f{nos[0]:05d}", None)
+    context = ContextCopies()
+    try:
+        facts = [documents(Path(p), _JAEGER, parts, context) for p in paths]
+        context_copies(context, parts)
+        parts.commit()
+    except BaseException:
+        parts.abort()
+        raise
+    _publish(tmp, final)
+    return [ReadResult(no, f, True) for no, f in zip(nos, facts, strict=True)]
 
 
 def write_file(
@@ -269,16 +302,21 @@ def run_tasks(
     executor: Executor,
     progress: Callable[[Progress], None] | None = None,
     partition_by: str | None = None,
+    merge: bool = False,
 ) -> ImportSummary:
     """run_import's plan as tasks: read every file, decide offsets and prefixes here,
-    write every file; then commit the parts at once (or remove everything on error)."""
+    write every file; then commit the parts at once (or remove everything on error).
+    Files that look like different jobs are refused unless `merge` (jobs.check_files)."""
     run = _TaskImport(files, formats, out, executor, progress, align)
     try:
         results = run.read_all()
         facts = [results[no].facts for no in range(len(files))]
         for f, path in zip(facts, files, strict=True):
             f.path = str(path)  # as given, as run_import reports it
-        pending = [Pending(no, r.facts) for no, r in sorted(results.items()) if not r.done]
+        read = [r for _, r in sorted(results.items()) if not r.done]
+        if not merge:
+            check_files([(r.facts, r.first_ns) for r in read])
+        pending = [Pending(r.no, r.facts) for r in read]
         offsets = align_offsets(pending, align)
         prefixes = qualifier(pending)
         run.write_all(
@@ -322,7 +360,8 @@ class _TaskImport:
         self.executor = executor
         self.wid = self.staging.dir.name.removeprefix(".import-")
         self.root = str(self.staging.dir.resolve())
-        tasks = sum(1 if f in _DOCUMENTS else 2 for f in formats)
+        tasks = sum(1 if f in _DOCUMENTS else 2 for f in formats if f != _JAEGER)
+        tasks += int(_JAEGER in formats)  # one task reads every Jaeger file
         self.state = Progress(0, len(files), 0, tasks, 0, 0.0)
         self.progress = progress
         self.futures: list[Any] = []
@@ -338,7 +377,32 @@ class _TaskImport:
             self.progress(st)
 
     def read_all(self) -> dict[int, ReadResult]:
-        """Pass 1: a task per file (a big Kineto file's blocks: tasks of their own too)."""
+        """Pass 1: a task per file (a big Kineto file's blocks: tasks of their own too),
+        then one for every Jaeger file (given so, or found so by its file's task)."""
+        results = self._read_each()
+        jaeger = sorted(no for no, r in results.items() if r.jaeger)
+        jaeger += [no for no, f in enumerate(self.formats) if f == _JAEGER]
+        if not jaeger:
+            return results
+        if _JAEGER not in self.formats:
+            self.state.tasks += 1
+        self.futures = [
+            self.executor.submit(
+                f"chiptrace-jaeger-{self.wid}",
+                read_jaeger_files,
+                [str(self.files[no]) for no in sorted(jaeger)],
+                sorted(jaeger),
+                self.root,
+                self.wid,
+            )
+        ]
+        (fut,) = self.executor.as_completed(self.futures)
+        for r in fut.result():
+            results[r.no] = r
+        self._tick(len(jaeger), sum(results[no].facts.spans for no in jaeger))
+        return results
+
+    def _read_each(self) -> dict[int, ReadResult]:
         self.futures = [
             self.executor.submit(
                 f"chiptrace-read-{self.wid}-{no}",
@@ -351,12 +415,13 @@ class _TaskImport:
                 self.executor.block_pool(os.path.getsize(p)) if fmt in ("kineto", "auto") else None,
             )
             for no, (p, fmt) in enumerate(zip(self.files, self.formats, strict=True))
+            if fmt != _JAEGER
         ]
         results: dict[int, ReadResult] = {}
         for fut in self.executor.as_completed(self.futures):
             r = fut.result()
             results[r.no] = r
-            if r.done and self.formats[r.no] not in _DOCUMENTS:
+            if (r.done or r.jaeger) and self.formats[r.no] not in _DOCUMENTS:
                 self.state.tasks -= 1  # detected as OTLP / Jaeger: no pass 2
             self._tick(int(r.done), r.facts.spans if r.done else 0)
         return results
