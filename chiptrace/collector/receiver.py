@@ -29,11 +29,10 @@ from chiptrace.collector.budget import (
     Reservation,
 )
 from chiptrace.collector.decode import Decoded, DecodeError, decode
+from chiptrace.collector.http_conn import ConnectionLimits, OtlpHttpServer
 from chiptrace.collector.otlp_grpc import GRPC_SERVICE, start_grpc
 from chiptrace.collector.otlp_http import (
     TRACES_PATH,
-    ConnectionLimits,
-    OtlpHttpServer,
     RequestError,
     handler_class,
     read_body,
