@@ -239,7 +239,10 @@ class OtlpReceiver:
                 ) from e
             self.http_port = self._httpd.server_address[1]
             threading.Thread(
-                target=self._httpd.serve_forever, name="chiptrace-otlp-http", daemon=True
+                target=self._httpd.serve_forever,
+                args=(0.1,),  # the poll interval: stop() waits for it (0.5 s by default)
+                name="chiptrace-otlp-http",
+                daemon=True,
             ).start()
         if self._grpc_addr:
             try:
