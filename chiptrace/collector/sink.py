@@ -27,7 +27,6 @@ import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -182,12 +181,9 @@ class PartitionedStoreSink:
             PartialWrite: some partitions failed; their rows are in `unwritten`.
         """
         name = tag.name if tag is not None else None
-        groups = partition_groups(table, self.partition_by) if self.partition_by else {"": None}
         failed: list[pa.Table] = []
         errors: list[Exception] = []
-
-        def write_one(path: str, rows: Any) -> None:
-            part = table if rows is None else table.take(pa.array(rows))
+        for path, part in self._split(table, skip):
             try:
                 # No fsync per file: 1,000 partitions took 5 s in fsyncs; parts are made
                 # durable together (make_durable) before the log records they hold go.
@@ -197,18 +193,30 @@ class PartitionedStoreSink:
             except Exception as e:  # noqa: BLE001 - one partition must not cost the others
                 failed.append(part)
                 errors.append(e)
-                return
+                continue
             with self._dirs_lock:
                 self._unsynced.add(written.parent)
-
-        # One after another: 8 threads took 6.4 s for 1,000 partitions where one took 3.9
-        # (each small file is mostly Python and GIL-holding setup, not encoding).
-        for path, rows in groups.items():
-            if path not in skip:
-                write_one(path, rows)
         self._update_manifest()
         if failed:
             raise PartialWrite(pa.concat_tables(failed), errors[0])
+
+    def _split(self, table: pa.Table, skip: frozenset[str]) -> list[tuple[str, pa.Table]]:
+        """(partition path, its rows) to write, in order. One `take` puts the rows in
+        partition order and each partition is a slice of it (a take per partition cost
+        0.2 s of 1,000)."""
+        if not self.partition_by:
+            return [] if "" in skip else [("", table)]
+        groups = partition_groups(table, self.partition_by)
+        paths = [p for p in groups if p not in skip]
+        if not paths:
+            return []
+        ordered = table.take(pa.array(np.concatenate([groups[p] for p in paths])))
+        out, at = [], 0
+        for p in paths:
+            n = len(groups[p])
+            out.append((p, ordered.slice(at, n)))
+            at += n
+        return out
 
     def make_durable(self) -> None:
         """Make the parts written so far (contents and names) durable, before the log

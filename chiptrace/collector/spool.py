@@ -217,7 +217,9 @@ class Spool:
         except OSError:
             return  # the write will tell
         free = st.f_bavail * st.f_frsize
-        if free < self._bytes + size + self.limits.min_free_bytes:
+        # With a log, the batch goes to disk twice: its log record now, its part later.
+        need = self._bytes + size * (2 if self.wal is not None else 1)
+        if free < need + self.limits.min_free_bytes:
             raise StoreUnavailable(
                 f"the disk holding {self.disk} is nearly full: {free / _MIB:.0f} MiB free, "
                 f"{self._bytes / _MIB:.0f} MiB buffered to write, "

@@ -100,3 +100,29 @@ def test_trickling_clients_do_not_lock_out_real_posts(tmp_path: Path) -> None:
         summary = c.close()
     assert summary.refused >= 16  # the tricklers past the cap: 503, counted
     assert "refused with 503" in summary.line()
+
+
+def test_a_body_slower_than_the_minimum_rate_gets_408(tmp_path: Path) -> None:
+    from chiptrace.collector.receiver import OtlpReceiver
+
+    with OtlpReceiver(
+        lambda batch: None, http="127.0.0.1:0", min_body_rate=100_000, body_grace_s=0.5
+    ) as r:
+        head = HEAD.encode() + b"Content-Length: 1000000\r\n\r\n"
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", r.http_port), timeout=10) as s:
+            s.sendall(head)
+            answer = b""
+            for _ in range(100):  # 1 kB every 0.05 s: 20 kB/s, under the 100 kB/s asked
+                try:
+                    s.sendall(b"x" * 1000)
+                except OSError:
+                    break
+                s.settimeout(0.05)
+                try:
+                    answer = s.recv(100)
+                except TimeoutError:
+                    continue
+                break
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert time.monotonic() - t0 < 3
