@@ -42,16 +42,34 @@ TRUNCATED = "[truncated: nested deeper than 32 levels]"
 class RawValueReader:
     """Reads KeyValue / AnyValue wire bytes by hand, for the values the protobuf parser
     refuses: strings with invalid UTF-8 are decoded with U+FFFD as span names are, and
-    values nested past MAX_VALUE_DEPTH become TRUNCATED. `truncated` counts the cuts."""
+    values nested past MAX_VALUE_DEPTH become TRUNCATED. `truncated` counts the cuts,
+    `replaced` the strings that held invalid UTF-8."""
 
     def __init__(self) -> None:
         self.truncated = 0
+        self.replaced = 0
+
+    def text(self, raw: bytes) -> str:
+        """UTF-8 bytes as text; invalid sequences become U+FFFD (and are counted)."""
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.replaced += 1
+            return raw.decode("utf-8", "replace")
+
+    def key_values(self, buf: bytes, lo: int, hi: int, number: int) -> dict[str, Any]:
+        """The repeated KeyValue field `number` of the message in buf[lo:hi], as a dict."""
+        return dict(
+            self.key_value(buf, v[0], v[1])
+            for n, w, v in fields(buf, lo, hi)
+            if n == number and w == 2
+        )
 
     def key_value(self, buf: bytes, lo: int, hi: int, depth: int = 0) -> tuple[str, Any]:
         key, value = "", None
         for num, wt, v in fields(buf, lo, hi):
             if num == 1 and wt == 2:
-                key = buf[v[0] : v[1]].decode("utf-8", "replace")
+                key = self.text(buf[v[0] : v[1]])
             elif num == 2 and wt == 2:
                 value = self.any_value(buf, v[0], v[1], depth)
         return key, value
@@ -63,7 +81,7 @@ class RawValueReader:
                 self.truncated += 1
                 value = TRUNCATED
             elif num == 1 and wt == 2:
-                value = buf[v[0] : v[1]].decode("utf-8", "replace")
+                value = self.text(buf[v[0] : v[1]])
             elif num == 2 and wt == 0:
                 value = bool(v)
             elif num == 3 and wt == 0:

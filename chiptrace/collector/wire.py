@@ -122,6 +122,7 @@ class SpanReader:
         self.rejected = 0  # spans with ids of the wrong length
         self.bad_spans = 0  # spans whose events or links do not parse
         self.truncated = 0  # attribute values cut at MAX_VALUE_DEPTH
+        self.replaced = 0  # strings with invalid UTF-8 stored with U+FFFD (names aside)
         c = caches or SHARED_CACHES
         self._caches = c
         self._kv, self._attrs, self._tails, self._status = c.kv, c.attrs, c.tails, c.status
@@ -137,12 +138,41 @@ class SpanReader:
             # nothing else (it used to fail the request). Not cached: each use counts.
             reader = RawValueReader()
             key, value = reader.key_value(raw, 0, len(raw))
-            self.truncated += reader.truncated
+            self._count(reader)
             col = ATTRIBUTE_COLUMNS.get(key)
             return (_COL_INDEX[col] if col is not None and _fits(col, value) else None, key, value)
         col = ATTRIBUTE_COLUMNS.get(key)
         hit = (_COL_INDEX[col] if col is not None and _fits(col, value) else None, key, value)
         return self._caches.put(self._kv, raw, hit, len(raw))
+
+    def _count(self, reader: RawValueReader) -> None:
+        self.truncated += reader.truncated
+        self.replaced += reader.replaced
+
+    def _resource(self, raw: bytes) -> tuple[str, str | None, int | None, str]:
+        """A Resource message as (service, host, pid, attributes JSON); one with invalid
+        UTF-8 or nesting past protobuf's limit is read by hand (it used to fail the
+        request)."""
+        try:
+            attrs = key_values(Resource.FromString(raw).attributes)
+        except (ProtoDecodeError, RecursionError):
+            reader = RawValueReader()
+            attrs = reader.key_values(raw, 0, len(raw), 1)  # Resource.attributes = 1
+            self._count(reader)
+        return _resource_row(attrs)
+
+    def _scope_name(self, raw: bytes) -> str:
+        """An InstrumentationScope's name (the rest is not stored), repaired as above."""
+        try:
+            return InstrumentationScope.FromString(raw).name or "unknown"
+        except (ProtoDecodeError, RecursionError):
+            reader = RawValueReader()
+            name = ""
+            for num, wt, v in fields(raw, 0, len(raw)):
+                if num == 1 and wt == 2:  # InstrumentationScope.name = 1
+                    name = reader.text(raw[v[0] : v[1]])
+            self._count(reader)
+            return name or "unknown"
 
     def status_of(self, raw: bytes) -> tuple[int, str | None]:
         """(code, message) of a Status message's bytes, cached."""
@@ -182,7 +212,7 @@ class SpanReader:
         scopes = []
         for num, wt, v in fields(buf, lo, hi):
             if num == 1 and wt == 2:
-                res = _resource(Resource.FromString(buf[v[0] : v[1]]))
+                res = self._resource(buf[v[0] : v[1]])
             elif num == 2 and wt == 2:
                 scopes.append(v)
         for s_lo, s_hi in scopes:  # the resource may come after its spans on the wire
@@ -193,7 +223,7 @@ class SpanReader:
         spans = []
         for num, wt, v in fields(buf, lo, hi):
             if num == 1 and wt == 2:
-                scope = InstrumentationScope.FromString(buf[v[0] : v[1]]).name or "unknown"
+                scope = self._scope_name(buf[v[0] : v[1]])
             elif num == 2 and wt == 2:
                 spans.append(v)
         for s_lo, s_hi in spans:
@@ -379,8 +409,7 @@ def _links(raws: list[bytes]) -> str:
     return dumps(out)
 
 
-def _resource(resource: Any) -> tuple[str, str | None, int | None, str]:
-    attrs = key_values(resource.attributes)
+def _resource_row(attrs: dict[str, Any]) -> tuple[str, str | None, int | None, str]:
     pid = attrs.get("process.pid")
     host = attrs.get("host.name")
     return (

@@ -259,3 +259,16 @@ def test_bad_values_cost_the_value_not_the_request() -> None:
     assert (deep, depth) == (TRUNCATED, MAX_VALUE_DEPTH)
     assert attrs[3] == {"fine": 7}
     assert "1 attribute value(s) nested deeper than 32 levels cut" in decoded.message
+
+
+def test_a_resource_nested_too_deep_costs_the_value_not_the_request() -> None:
+    req = ExportTraceServiceRequest.FromString(sample_request(2, 1))
+    value = req.resource_spans[0].resource.attributes.add(key="deep").value
+    for _ in range(34):  # past protobuf's 100 message levels, which failed the request
+        value = value.kvlist_value.values.add(key="k").value
+    value.string_value = "bottom"
+    decoded = decode(req.SerializeToString())
+    assert decoded.batch.num_rows == 2 and decoded.rejected == 0
+    resource = json.loads(decoded.batch.column("resource")[0].as_py())
+    assert resource["service.name"] == "t"
+    assert "1 attribute value(s) nested deeper than 32 levels cut" in decoded.message
