@@ -195,8 +195,19 @@ def columns_to_batch(reader: SpanReader) -> Decoded:
         reasons.append(f"{reader.replaced} string(s) with invalid UTF-8 stored with U+FFFD")
     reason = "; ".join(reasons)
     rejected = reader.rejected + reader.bad_spans
-    if n == 0:
+    batches = list(reader.batches)
+    if n:
+        batches.append(_rows_batch(c, n))
+    if not batches:
         return Decoded(empty_batch(), rejected, reason)
+    if len(batches) == 1:
+        return Decoded(batches[0], rejected, reason)
+    # Scopes read whole and spans read one by one: one batch (its dictionaries unified).
+    table = pa.Table.from_batches(batches).combine_chunks()
+    return Decoded(table.to_batches()[0], rejected, reason)
+
+
+def _rows_batch(c: dict[str, list[Any]], n: int) -> pa.RecordBatch:
     columns: dict[str, Any] = {}
     for name, values in c.items():
         first = values[0]
@@ -210,7 +221,7 @@ def columns_to_batch(reader: SpanReader) -> Decoded:
         pa.binary(8), n, [None, pa.py_buffer(b"".join(c["span_id"]))]
     )
     columns["parent_span_id"] = pa.array(c["parent_span_id"], pa.binary(8))
-    return Decoded(batch_from_columns(columns, n), rejected, reason)
+    return batch_from_columns(columns, n)
 
 
 def request_to_batch(body: bytes) -> Decoded:

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from chiptrace._protowire import WireError, fields
-from chiptrace.collector._pbwire import scan_span, span_header
+from chiptrace.collector._pbwire import scan_span, scope_fields, span_header
 from chiptrace.collector.anyvalue import RawValueReader, decode_any_value, key_values
+from chiptrace.collector.fastscope import MIN_SPANS, scope_batch
 from chiptrace.schema import ATTRIBUTE_COLUMNS, CHIP_TYPES, chip_type_of, dumps
 
 _HAS_CORE = object()  # a span tail holding ids, name, kind or times: not the fast shape
@@ -119,6 +121,7 @@ class SpanReader:
 
     def __init__(self, caches: Caches | None = None) -> None:
         self.rows: list[tuple[Any, ...]] = []
+        self.batches: list[pa.RecordBatch] = []  # scopes read whole (fastscope)
         self.rejected = 0  # spans with ids of the wrong length
         self.bad_spans = 0  # spans whose events or links do not parse
         self.truncated = 0  # attribute values cut at MAX_VALUE_DEPTH
@@ -192,7 +195,7 @@ class SpanReader:
         Raises:
             WireError: malformed bytes (nothing of this request is kept then).
         """
-        before = len(self.rows)
+        before = len(self.rows), len(self.batches)
         try:
             for num, wt, v in fields(buf, 0, len(buf)):
                 if num == 1 and wt == 2:
@@ -204,8 +207,9 @@ class SpanReader:
             self._truncate(before)
             raise
 
-    def _truncate(self, n: int) -> None:
-        del self.rows[n:]
+    def _truncate(self, n: tuple[int, int]) -> None:
+        del self.rows[n[0] :]
+        del self.batches[n[1] :]
 
     def _resource_spans(self, buf: bytes, lo: int, hi: int) -> None:
         res: tuple[str, str | None, int | None, str] = ("unknown_service", None, None, "{}")
@@ -219,15 +223,23 @@ class SpanReader:
             self._scope_spans(buf, s_lo, s_hi, res)
 
     def _scope_spans(self, buf: bytes, lo: int, hi: int, res: tuple[Any, ...]) -> None:
-        scope = "unknown"
-        spans = []
-        for num, wt, v in fields(buf, lo, hi):
-            if num == 1 and wt == 2:
-                scope = self._scope_name(buf[v[0] : v[1]])
-            elif num == 2 and wt == 2:
-                spans.append(v)
+        at, spans = scope_fields(buf, lo, hi)
+        scope = self._scope_name(buf[at[0] : at[1]]) if at is not None else "unknown"
+        if len(spans) >= MIN_SPANS:
+            batch = scope_batch(buf, spans, self._tail_info, res, scope, MAX_CACHED_BYTES)
+            if batch is not None:
+                self.batches.append(batch)
+                return
         for s_lo, s_hi in spans:
             self._span(buf, s_lo, s_hi, res, scope)
+
+    def _tail_info(self, tail: bytes) -> tuple[Any, ...] | None:
+        """A tail's decoded (typed, rest, status, events, links); None: not the fast shape."""
+        try:
+            info = self._tails.get(tail) or self._tail(tail)
+        except (ProtoDecodeError, RecursionError):
+            return None  # events or links that do not parse: span by span, costing that span
+        return None if info is _HAS_CORE else info
 
     def _span(self, buf: bytes, lo: int, hi: int, res: tuple[Any, ...], scope: str) -> None:
         """One Span message; one whose events or links do not parse costs itself alone."""
