@@ -27,6 +27,7 @@ import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +36,7 @@ import pyarrow.compute as pc
 from chiptrace.collector.spool import PartialWrite, StoreUnavailable
 from chiptrace.collector.wal import PartTag
 from chiptrace.errors import ConfigError
-from chiptrace.store import SPANS_DIR, PartWriter
+from chiptrace.store import SPAN_WRITE_OPTIONS, SPANS_DIR, PartWriter
 
 log = logging.getLogger("chiptrace")
 
@@ -47,6 +48,13 @@ _HASH_CHARS = 16
 _UNSAFE = re.compile(rb"[^A-Za-z0-9._-]")
 _NS_PER_DAY = 86_400 * 10**9
 _READY_LIMIT = 100_000  # partition folders remembered as created
+# A part of fewer rows is written without compression: zstd's setup per column chunk was
+# 0.5 of 0.9 ms CPU for a 20-row part (1,000 hosts' parts at SIGTERM), for 6% fewer bytes.
+SMALL_PART_ROWS = 256
+SMALL_PART_OPTIONS: dict[str, Any] = {
+    **{k: v for k, v in SPAN_WRITE_OPTIONS.items() if k != "compression_level"},
+    "compression": "none",
+}
 
 
 def sync_filesystem(path: Path) -> None:
@@ -188,7 +196,11 @@ class PartitionedStoreSink:
                 # No fsync per file: 1,000 partitions took 5 s in fsyncs; parts are made
                 # durable together (make_durable) before the log records they hold go.
                 written = self.writer.write(
-                    part, partition=path or None, name=name, sync=tag is None
+                    part,
+                    partition=path or None,
+                    name=name,
+                    sync=tag is None,
+                    options=SMALL_PART_OPTIONS if part.num_rows < SMALL_PART_ROWS else None,
                 )
             except Exception as e:  # noqa: BLE001 - one partition must not cost the others
                 failed.append(part)
