@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from chiptrace.collector.compact import Compactor
 from chiptrace.collector.spool import PartialWrite, StoreUnavailable
 from chiptrace.collector.wal import PartTag
 from chiptrace.errors import ConfigError
@@ -151,6 +152,10 @@ class PartitionedStoreSink:
     def __init__(self, writer: PartWriter, partition_by: Sequence[str] = ()) -> None:
         self.writer = writer
         self.partition_by = tuple(partition_by)
+        # Parts merged per partition after flushes (partitioned collectors only).
+        self.compactor = (
+            Compactor(writer.writer_id, self.make_durable_all) if self.partition_by else None
+        )
         self._ready: set[str] = set()
         self._unsynced: set[Path] = set()  # folders with parts written since make_durable
         self._dirs_lock = threading.Lock()
@@ -208,6 +213,8 @@ class PartitionedStoreSink:
                 continue
             with self._dirs_lock:
                 self._unsynced.add(written.parent)
+            if self.compactor is not None and tag is not None:
+                self.compactor.add(written, tag, part.num_rows)
         self._update_manifest()
         if failed:
             raise PartialWrite(pa.concat_tables(failed), errors[0])
@@ -238,6 +245,12 @@ class PartitionedStoreSink:
             dirty, self._unsynced = bool(self._unsynced), set()
         if dirty:
             sync_filesystem(self.writer.directory)
+
+    def make_durable_all(self) -> None:
+        """Make everything under the store durable (compaction: merged parts, deletions)."""
+        with self._dirs_lock:
+            self._unsynced = set()
+        sync_filesystem(self.writer.directory)
 
     def _update_manifest(self) -> None:
         try:

@@ -88,6 +88,7 @@ class SpoolLimits:
     max_bytes: int = 256 * _MIB
     min_free_bytes: int = 64 * _MIB
     wait_s: float = 2.0
+    rotate_log: bool = False  # close the log's segment at each part (see compact.py)
 
 
 class Spool:
@@ -134,6 +135,11 @@ class Spool:
         self._flush_at_bytes = max(1, min(limits.flush_bytes, limits.max_bytes // 2))
         self._thread = threading.Thread(target=self._run, name="chiptrace-spool", daemon=True)
         self._thread.start()
+
+    @property
+    def closing(self) -> bool:
+        """close() was called: no more work than writing what was taken."""
+        return self._closing
 
     @property
     def pending(self) -> int:
@@ -266,6 +272,13 @@ class Spool:
 
     def _take(self) -> list[_Entry]:
         lim = self.limits
+        if lim.rotate_log and self.wal is not None and not self._closing:
+            # Under the lock, so the segment ends at the queue's last record: once this
+            # part is written, the segment goes, and its parts may be merged.
+            try:
+                self.wal.rotate()
+            except OSError as e:  # its records' syncs fail (503); the segment stays
+                log.warning("chiptrace: could not close a write-ahead log segment: %s", e)
         part = [self._queue.popleft()]
         if part[0].alone:
             return part
