@@ -94,7 +94,7 @@ def replace_surrogates(doc: Any) -> int:
     while stack:
         node = stack.pop()
         items: Any = node.items() if isinstance(node, dict) else enumerate(node)
-        fixes = []
+        fixes: list[tuple[Any, str | None]] = []
         for key, value in items:
             if isinstance(value, (dict, list)):
                 stack.append(value)

@@ -277,8 +277,8 @@ class Spool:
             # part is written, the segment goes, and its parts may be merged.
             try:
                 self.wal.rotate()
-            except OSError as e:  # its records' syncs fail (503); the segment stays
-                log.warning("chiptrace: could not close a write-ahead log segment: %s", e)
+            except OSError as err:  # its records' syncs fail (503); the segment stays
+                log.warning("chiptrace: could not close a write-ahead log segment: %s", err)
         part = [self._queue.popleft()]
         if part[0].alone:
             return part
