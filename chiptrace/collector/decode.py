@@ -27,6 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from chiptrace.collector.anyvalue import MAX_VALUE_DEPTH
 from chiptrace.collector.anyvalue import decode_any_value as decode_any_value  # its old home
+from chiptrace.collector.fastscope import DICT_COLUMNS
 from chiptrace.collector.wire import SpanReader, WireError
 from chiptrace.errors import ChiptraceError
 from chiptrace.schema import batch_from_columns, empty_batch, trace_ids_to_binary
@@ -212,7 +213,9 @@ def _rows_batch(c: dict[str, list[Any]], n: int) -> pa.RecordBatch:
     for name, values in c.items():
         first = values[0]
         # A column of one value (a process's service, an unused link column) costs n int32s.
-        if isinstance(first, (str, type(None))) and values.count(first) == n:
+        if (first is None or (isinstance(first, str) and name in DICT_COLUMNS)) and values.count(
+            first
+        ) == n:
             columns[name] = first
         else:
             columns[name] = values

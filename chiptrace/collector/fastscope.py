@@ -31,6 +31,10 @@ _TYPED = tuple(ATTRIBUTE_COLUMNS.values())
 _ID16 = np.arange(16)
 _ID8 = np.arange(8)
 _NO_ID = bytes(8)
+# Columns whose one repeated value is stored as one dictionary entry. A plain string column
+# is not made from one value: the schema builds that with NumPy, as UCS-4 (a 10 MB attribute
+# took a 40 MB array and 15 ms).
+DICT_COLUMNS = frozenset(f.name for f in SPAN_SCHEMA if pa.types.is_dictionary(f.type))
 
 TailInfo = Callable[[bytes], "tuple[Any, ...] | None"]
 
@@ -88,7 +92,9 @@ def _tail_columns(uniq: list[tuple[Any, ...]], index: list[int]) -> dict[str, An
     out: dict[str, Any] = {}
     for name, values in cols.items():
         first = values[0]
-        if isinstance(first, (str, type(None))) and values.count(first) == len(values):
+        if (first is None or (isinstance(first, str) and name in DICT_COLUMNS)) and values.count(
+            first
+        ) == len(values):
             out[name] = first  # one value for every span: a constant column
         else:
             out[name] = pa.array(values, SPAN_SCHEMA.field(name).type).take(take)
