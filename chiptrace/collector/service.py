@@ -204,7 +204,7 @@ class Collector:
         compactor = self.sink.compactor
         if compactor is not None and not self.spool.closing:
             try:
-                compactor.run(self.wal.released_through, stop=lambda: self.spool.closing)
+                compactor.run(self.wal.released_through, stop=lambda: self.spool.pressed)
             except OSError as e:  # the parts stay as they are; the store is whole
                 log.warning("chiptrace: could not compact the store: %s", e)
 

@@ -142,6 +142,11 @@ class Spool:
         return self._closing
 
     @property
+    def pressed(self) -> bool:
+        """Closing, or a request waits for room: the writer has better things to do."""
+        return self._closing or self._waiters > 0
+
+    @property
     def pending(self) -> int:
         """Spans taken and not written yet."""
         return self._spans
