@@ -20,11 +20,18 @@ import pyarrow as pa
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from chiptrace._protowire import WireError, fields
 from chiptrace.collector._pbwire import scan_span, scope_fields, span_header
-from chiptrace.collector.anyvalue import RawValueReader, decode_any_value, key_values
+from chiptrace.collector.anyvalue import (
+    RawValueReader,
+    decode_any_value,
+    events_json,
+    key_values,
+    links_json,
+    resource_row,
+)
 from chiptrace.collector.fastscope import MIN_SPANS, scope_batch
 from chiptrace.schema import ATTRIBUTE_COLUMNS, CHIP_TYPES, chip_type_of, dumps
 
@@ -162,7 +169,7 @@ class SpanReader:
             reader = RawValueReader()
             attrs = reader.key_values(raw, 0, len(raw), 1)  # Resource.attributes = 1
             self._count(reader)
-        return _resource_row(attrs)
+        return resource_row(attrs)
 
     def _scope_name(self, raw: bytes) -> str:
         """An InstrumentationScope's name (the rest is not stored), repaired as above."""
@@ -326,8 +333,8 @@ class SpanReader:
             typed,
             rest,
             sc[7],
-            _events(sc[9]) if sc[9] else None,
-            _links(sc[10]) if sc[10] else None,
+            events_json(sc[9]) if sc[9] else None,
+            links_json(sc[10]) if sc[10] else None,
         )
 
     def _attributes(self, raws: tuple[bytes, ...]) -> tuple[tuple[Any, ...], str | None]:
@@ -395,40 +402,3 @@ class SpanReader:
             zip(TYPED_COLUMNS, (list(col) for col in zip(*typed, strict=True)), strict=True)
         )
         return cols
-
-
-def _events(raws: list[bytes]) -> str:
-    out = []
-    for raw in raws:
-        e = Span.Event.FromString(raw)
-        out.append(
-            {"name": e.name, "time_ns": e.time_unix_nano, "attributes": key_values(e.attributes)}
-        )
-    return dumps(out)
-
-
-def _links(raws: list[bytes]) -> str:
-    out = []
-    for raw in raws:
-        lk = Span.Link.FromString(raw)
-        out.append(
-            {
-                "trace_id": lk.trace_id.hex(),
-                "span_id": lk.span_id.hex(),
-                "attributes": key_values(lk.attributes),
-            }
-        )
-    return dumps(out)
-
-
-def _resource_row(attrs: dict[str, Any]) -> tuple[str, str | None, int | None, str]:
-    pid = attrs.get("process.pid")
-    host = attrs.get("host.name")
-    return (
-        str(attrs.get("service.name") or "unknown_service"),
-        str(host) if host is not None else None,
-        pid
-        if isinstance(pid, int) and not isinstance(pid, bool) and -(2**31) <= pid < 2**31
-        else None,
-        dumps(attrs),
-    )
