@@ -73,10 +73,19 @@ class Compactor:
         self._lock = threading.Lock()
 
     def add(self, path: Path, tag: PartTag, rows: int) -> None:
-        """A part the collector wrote (a small one is kept in mind for merging)."""
-        if rows < self.max_rows:
-            with self._lock:
-                self._parts[path.parent].append(_Part(path, tag.first, tag.last, rows))
+        """A part the collector wrote (a small one is kept in mind for merging).
+
+        A large part ends what can be merged in its folder: a merge is named after the
+        range from its first member to its last, and a part of the same writer inside that
+        range would read as one of its members (drop_merged would delete it). So the
+        small parts before it are forgotten (left as they are), and later ones merge.
+        """
+        with self._lock:
+            parts = self._parts[path.parent]
+            if rows >= self.max_rows:
+                parts.clear()
+            elif all(p.path != path for p in parts):  # a part written again is one part
+                parts.append(_Part(path, tag.first, tag.last, rows))
 
     def run(self, released_through: int, stop: Callable[[], bool] = lambda: False) -> int:
         """Merge the small parts of each partition that has `min_parts` of them holding

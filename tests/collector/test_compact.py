@@ -94,3 +94,26 @@ def test_a_thousand_hosts_flushed_ten_times_make_few_files_each_and_stop_fast(
     assert len(per_host) == 1000 and max(per_host.values()) <= 4, max(per_host.values())
     assert stop_s < 5, f"SIGTERM took {stop_s:.1f} s"
     print(f"SIGTERM {stop_s:.2f} s, files per host {Counter(per_host.values())}")
+
+
+def test_a_merge_never_spans_a_large_part(tmp_path: Path) -> None:
+    """A merge named 1-7 over a large part 3-3 would make drop_merged delete that part."""
+    out = tmp_path / "t"
+    writer = PartWriter(out, {"partition_by": ["host"]}, "w-1-abcdef")
+    sink = PartitionedStoreSink(writer, ("host",))
+    compactor = sink.compactor
+    assert compactor is not None
+    compactor.max_rows = 50  # parts of 90 rows (30 a host) or more are large here
+    for seq in range(1, 8):
+        rows = 180 if seq == 3 else 3
+        sink.write(
+            pa.Table.from_batches([hosted(seq * 1000, rows)]), PartTag("w-1-abcdef", seq, seq)
+        )
+    assert compactor.run(released_through=7) == 3 * 4  # 4-7 merged in each of 3 hosts
+    names = sorted(p.name for p in (out / "spans" / "host=node1").glob("*.parquet"))
+    assert names == sorted(
+        PartTag("w-1-abcdef", f, la).name for f, la in ((1, 1), (2, 2), (3, 3), (4, 7))
+    )
+    Collector(out, partition_by=("host",)).close()  # drop_merged keeps every one of them
+    expected = [s * 1000 + i for s in range(1, 8) for i in range(180 if s == 3 else 3)]
+    assert sorted(span_ids(out)) == expected
