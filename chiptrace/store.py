@@ -176,12 +176,15 @@ class PartWriter:
         partition: str | None = None,
         name: str | None = None,
         sync: bool = True,
+        options: Mapping[str, Any] | None = None,
     ) -> Path:
         """Write one part; returns its path. Thread-safe: threads encode parts at once (the
         encoding releases the GIL); the counters move when a part is in place. `name`: the
         file's name instead of `part-<writer>-<seq>.parquet` (chiptrace collect names parts
         after the log records they hold). `sync=False`: no fsync; the caller makes the
-        part durable later (chiptrace collect: one syncfs for all partitions of a flush)."""
+        part durable later (chiptrace collect: one syncfs for all partitions of a flush).
+        `options`: pyarrow.parquet.write_table options for this part instead of the
+        writer's."""
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         with self._lock:
             self._seq += 1
@@ -191,7 +194,8 @@ class PartWriter:
             folder = folder / partition
             folder.mkdir(parents=True, exist_ok=True)
         path = folder / (name or f"part-{self.writer_id}-{seq:06d}{PART_SUFFIX}")
-        write_atomic(path, lambda tmp: pq.write_table(table, tmp, **self._options), sync)
+        opts = self._options if options is None else options
+        write_atomic(path, lambda tmp: pq.write_table(table, tmp, **opts), sync)
         with self._lock:
             if self.table == SPANS_DIR:
                 self.spans_written += table.num_rows

@@ -151,3 +151,49 @@ def scan_span(buf: bytes, lo: int, hi: int, reader: StatusCache) -> list[Any]:
     if i != hi:
         raise WireError("a span runs past its end")
     return out
+
+
+def scope_fields(buf: bytes, lo: int, hi: int) -> tuple[tuple[int, int] | None, list[Any]]:
+    """(the scope's bounds or None, every span's (lo, hi)) of a ScopeSpans message.
+
+    `fields` without its generator: this runs once per span of every request, and a span's
+    tag and one- or two-byte length are read inline.
+    """
+    scope = None
+    spans: list[Any] = []
+    append = spans.append
+    i = lo
+    while i < hi:
+        if buf[i] == 0x12:  # spans = 2, length-delimited
+            n = buf[i + 1]
+            if n < 0x80:
+                i += 2
+            elif buf[i + 2] < 0x80:
+                n = (n & 0x7F) | buf[i + 2] << 7
+                i += 3
+            else:
+                n, i = varint(buf, i + 1)
+            j = i + n
+            if j > hi:
+                raise WireError(f"a span runs {j - hi} bytes past its scope")
+            append((i, j))
+            i = j
+            continue
+        key, i = varint(buf, i)
+        wt = key & 7
+        if wt == 2:
+            n, i = varint(buf, i)
+            if i + n > hi:
+                raise WireError(f"field {key >> 3} runs {i + n - hi} bytes past its scope")
+            if key >> 3 == 1:
+                scope = (i, i + n)
+            i += n
+        elif wt == 0:
+            _, i = varint(buf, i)
+        elif wt in (1, 5):
+            i += 8 if wt == 1 else 4
+        else:
+            raise WireError(f"field {key >> 3} has unsupported wire type {wt}")
+    if i != hi:
+        raise WireError("a scope runs past its end")
+    return scope, spans

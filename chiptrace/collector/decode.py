@@ -27,6 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from chiptrace.collector.anyvalue import MAX_VALUE_DEPTH
 from chiptrace.collector.anyvalue import decode_any_value as decode_any_value  # its old home
+from chiptrace.collector.fastscope import DICT_COLUMNS
 from chiptrace.collector.wire import SpanReader, WireError
 from chiptrace.errors import ChiptraceError
 from chiptrace.schema import batch_from_columns, empty_batch, trace_ids_to_binary
@@ -72,18 +73,59 @@ def _hex_to_b64(obj: dict[str, Any], *keys: str) -> None:
                 raise DecodeError(f"OTLP/JSON {key}={value!r}: expected hex") from None
 
 
-def parse_json(body: bytes) -> tuple[ExportTraceServiceRequest, str]:
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def replaced_text(body: bytes) -> tuple[str, int]:
+    """A JSON body as text, invalid UTF-8 replaced with U+FFFD; and how many sequences were
+    replaced (a bad byte in one string costs that string's byte, not the request)."""
+    try:
+        return body.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text = body.decode("utf-8", "replace")
+        return text, text.count("\ufffd") - body.count("\ufffd".encode())
+
+
+def replace_surrogates(doc: Any) -> int:
+    """Replace unpaired surrogates (`"\\ud800"` escapes: JSON allows them, UTF-8 and
+    protobuf do not) with U+FFFD in every string of `doc`, in place; how many strings.
+    Iterative: the document may nest as deep as json.loads allowed."""
+    count = 0
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        items: Any = node.items() if isinstance(node, dict) else enumerate(node)
+        fixes: list[tuple[Any, str | None]] = []
+        for key, value in items:
+            if isinstance(value, (dict, list)):
+                stack.append(value)
+            elif isinstance(value, str) and _SURROGATE.search(value):
+                fixes.append((key, _SURROGATE.sub("\ufffd", value)))
+            if isinstance(key, str) and _SURROGATE.search(key):
+                fixes.append((key, None))
+        for key, value in fixes:
+            if value is None:  # a key: renamed, its value kept
+                node[_SURROGATE.sub("\ufffd", key)] = node.pop(key)
+            else:
+                node[key] = value
+            count += 1
+    return count
+
+
+def parse_json(body: bytes) -> tuple[ExportTraceServiceRequest, str, int]:
     """Parse an OTLP/JSON trace request (ids in hex, as the OTLP specification says).
 
     Returns:
-        The request, and a note when the body was a JSON object with other fields but no
-        `resourceSpans` (a valid, empty request that was probably meant for `import`).
+        The request; a note when the body was a JSON object with other fields but no
+        `resourceSpans` (a valid, empty request that was probably meant for `import`); and
+        how many invalid UTF-8 sequences and unpaired surrogates were replaced with U+FFFD.
 
     Raises:
         DecodeError: not JSON, nested too deep, or not the OTLP trace shape.
     """
+    text, replaced = replaced_text(body)
     try:
-        doc = json.loads(body)
+        doc = json.loads(text)
     except RecursionError:
         raise DecodeError("malformed OTLP/JSON body: nested too deep") from None
     except ValueError as e:
@@ -101,16 +143,24 @@ def parse_json(body: bytes) -> tuple[ExportTraceServiceRequest, str]:
                     _hex_to_b64(sp, "traceId", "spanId", "parentSpanId")
                     for lk in sp.get("links") or []:
                         _hex_to_b64(lk, "traceId", "spanId")
-        request = json_format.ParseDict(
-            doc, ExportTraceServiceRequest(), ignore_unknown_fields=True
-        )
+        try:
+            request = json_format.ParseDict(
+                doc, ExportTraceServiceRequest(), ignore_unknown_fields=True
+            )
+        except json_format.ParseError as e:
+            if "surrogate" not in str(e) or not (fixed := replace_surrogates(doc)):
+                raise
+            replaced += fixed
+            request = json_format.ParseDict(
+                doc, ExportTraceServiceRequest(), ignore_unknown_fields=True
+            )
     except DecodeError:
         raise
     except RecursionError:
         raise DecodeError("malformed OTLP/JSON body: nested too deep") from None
     except (ValueError, TypeError, AttributeError, json_format.ParseError) as e:
         raise DecodeError(f"malformed OTLP/JSON body: {_short(e)}") from None
-    return request, note
+    return request, note, replaced
 
 
 _FIELD_CHAIN = re.compile(r"Failed to parse (\w+) field: ")
@@ -142,15 +192,30 @@ def columns_to_batch(reader: SpanReader) -> Decoded:
             f"{reader.truncated} attribute value(s) nested deeper than {MAX_VALUE_DEPTH} "
             "levels cut there"
         )
+    if reader.replaced:
+        reasons.append(f"{reader.replaced} string(s) with invalid UTF-8 stored with U+FFFD")
     reason = "; ".join(reasons)
     rejected = reader.rejected + reader.bad_spans
-    if n == 0:
+    batches = list(reader.batches)
+    if n:
+        batches.append(_rows_batch(c, n))
+    if not batches:
         return Decoded(empty_batch(), rejected, reason)
+    if len(batches) == 1:
+        return Decoded(batches[0], rejected, reason)
+    # Scopes read whole and spans read one by one: one batch (its dictionaries unified).
+    table = pa.Table.from_batches(batches).combine_chunks()
+    return Decoded(table.to_batches()[0], rejected, reason)
+
+
+def _rows_batch(c: dict[str, list[Any]], n: int) -> pa.RecordBatch:
     columns: dict[str, Any] = {}
     for name, values in c.items():
         first = values[0]
         # A column of one value (a process's service, an unused link column) costs n int32s.
-        if isinstance(first, (str, type(None))) and values.count(first) == n:
+        if (first is None or (isinstance(first, str) and name in DICT_COLUMNS)) and values.count(
+            first
+        ) == n:
             columns[name] = first
         else:
             columns[name] = values
@@ -159,7 +224,7 @@ def columns_to_batch(reader: SpanReader) -> Decoded:
         pa.binary(8), n, [None, pa.py_buffer(b"".join(c["span_id"]))]
     )
     columns["parent_span_id"] = pa.array(c["parent_span_id"], pa.binary(8))
-    return Decoded(batch_from_columns(columns, n), rejected, reason)
+    return batch_from_columns(columns, n)
 
 
 def request_to_batch(body: bytes) -> Decoded:
@@ -182,13 +247,16 @@ def decode(body: bytes, content_type: str = "application/x-protobuf") -> Decoded
     Raises:
         DecodeError: the body does not parse.
     """
-    note = ""
+    note, replaced = "", 0
     if "json" in content_type:
-        request, note = parse_json(body)
+        request, note, replaced = parse_json(body)
         try:
             body = request.SerializeToString()
         except RecursionError:  # nesting deeper than json.loads minded but protobuf does
             raise DecodeError("malformed OTLP/JSON body: nested too deep") from None
     decoded = request_to_batch(body)
     decoded.note = note
+    if replaced:
+        text = f"{replaced} invalid UTF-8 sequence(s) or unpaired surrogate(s) replaced with U+FFFD"
+        decoded.reason = "; ".join(r for r in (decoded.reason, text) if r)
     return decoded

@@ -9,6 +9,7 @@ messages, rather than adding googleapis-common-protos to the install.
 
 from __future__ import annotations
 
+import math
 from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +33,14 @@ _RETRY_INFO_URL = b"type.googleapis.com/google.rpc.RetryInfo"
 
 
 def retry_trailers(
-    message: str, retry_after_s: int, code: int = _UNAVAILABLE
+    message: str, retry_after_s: float, code: int = _UNAVAILABLE
 ) -> tuple[tuple[str, bytes], ...]:
     """Trailing metadata telling a client to retry (UNAVAILABLE) after `retry_after_s`."""
-    duration = b"\x08" + varint(max(0, retry_after_s))  # Duration.seconds
+    seconds = int(max(0.0, retry_after_s))
+    nanos = int((max(0.0, retry_after_s) - seconds) * 1e9)
+    duration = b"\x08" + varint(seconds)  # Duration.seconds (written even when 0)
+    if nanos:
+        duration += b"\x10" + varint(nanos)  # Duration.nanos: tickets are finer than 1 s
     retry_info = message_field(1, duration)  # RetryInfo.retry_delay
     detail = message_field(1, _RETRY_INFO_URL) + message_field(2, retry_info)  # Any
     status = (
@@ -88,10 +93,10 @@ def _refuse(
     """RESOURCE_EXHAUSTED with RetryInfo: the SDKs retry it after the delay given."""
     import grpc
 
-    retry = retry_after_s or receiver.budget.retry_after()
-    e = RequestError(503, str(exhausted), retry_after_s=retry)
+    delay = retry_after_s or receiver.budget.retry_delay(exhausted.want)
+    e = RequestError(503, str(exhausted), retry_after_s=math.ceil(delay))
     receiver.stats.fail(e.status)
-    context.set_trailing_metadata(retry_trailers(str(e), e.retry_after_s or 1, _RESOURCE_EXHAUSTED))
+    context.set_trailing_metadata(retry_trailers(str(e), delay, _RESOURCE_EXHAUSTED))
     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
 
 

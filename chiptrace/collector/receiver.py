@@ -29,11 +29,10 @@ from chiptrace.collector.budget import (
     Reservation,
 )
 from chiptrace.collector.decode import Decoded, DecodeError, decode
+from chiptrace.collector.http_conn import ConnectionLimits, OtlpHttpServer
 from chiptrace.collector.otlp_grpc import GRPC_SERVICE, start_grpc
 from chiptrace.collector.otlp_http import (
     TRACES_PATH,
-    ConnectionLimits,
-    OtlpHttpServer,
     RequestError,
     handler_class,
     read_body,
@@ -141,7 +140,7 @@ class OtlpReceiver:
         max_connections_per_client: of those, from one client address (default a
             quarter); more get 503.
         header_timeout_s: a request's headers must arrive within this of their first byte.
-        min_body_rate: bytes a second a body must average after its first 10 s.
+        min_body_rate: bytes a second a body must average after its first `body_grace_s`.
     """
 
     def __init__(
@@ -157,6 +156,7 @@ class OtlpReceiver:
         max_connections_per_client: int | None = None,
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
         min_body_rate: int = DEFAULT_MIN_BODY_RATE,
+        body_grace_s: float = 10.0,
     ) -> None:
         self.on_batch = on_batch
         self.max_request_bytes = max_request_bytes
@@ -165,6 +165,7 @@ class OtlpReceiver:
         self.max_connections_per_client = max_connections_per_client or max(1, max_connections // 4)
         self.header_timeout_s = header_timeout_s
         self.min_body_rate = min_body_rate
+        self.body_grace_s = body_grace_s
         limit = request_memory or MemoryPlan.for_ceiling(1 << 30).requests
         self.budget = MemoryBudget(limit)
         self.stats = _Stats()
@@ -225,6 +226,7 @@ class OtlpReceiver:
                 self.read_timeout_s,
                 header_s=self.header_timeout_s,
                 min_body_rate=self.min_body_rate,
+                body_grace_s=self.body_grace_s,
             )
             handler = handler_class(self, limits)
             try:
@@ -237,7 +239,10 @@ class OtlpReceiver:
                 ) from e
             self.http_port = self._httpd.server_address[1]
             threading.Thread(
-                target=self._httpd.serve_forever, name="chiptrace-otlp-http", daemon=True
+                target=self._httpd.serve_forever,
+                args=(0.1,),  # the poll interval: stop() waits for it (0.5 s by default)
+                name="chiptrace-otlp-http",
+                daemon=True,
             ).start()
         if self._grpc_addr:
             try:

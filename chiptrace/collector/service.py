@@ -7,6 +7,7 @@ stop, what it could not); `stop()` returns what was stored.
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from chiptrace.collector.budget import DEFAULT_MAX_MEMORY, MemoryPlan
+from chiptrace.collector.compact import drop_merged
 from chiptrace.collector.receiver import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -31,6 +33,8 @@ from chiptrace.collector.wal import WriteAheadLog
 from chiptrace.collector.wal_replay import replay
 from chiptrace.errors import ConfigError, StoreError
 from chiptrace.store import PartWriter
+
+log = logging.getLogger("chiptrace")
 
 FLUSH_S = 2.0
 PARTITIONED_FLUSH_S = 30.0
@@ -154,6 +158,7 @@ class Collector:
         # The log's lock first: a second collector on the directory must not replay it too.
         self.wal = WriteAheadLog(Path(options.out), self.writer.writer_id)
         try:
+            drop_merged(Path(options.out))
             self.recovered = replay(
                 Path(options.out), self.writer, options.partition_by, options.flush_spans
             )
@@ -169,13 +174,14 @@ class Collector:
             max_spans=options.max_buffered,
             max_bytes=plan.spool,
             min_free_bytes=options.min_free_bytes,
+            rotate_log=bool(options.partition_by),
         )
         self.spool = Spool(
             self.sink,
             limits,
             disk=Path(options.out),
             wal=self.wal,
-            on_written=lambda last: self.wal.release_through(last, self.sink.make_durable),
+            on_written=self._written,
         )
         self.receiver = OtlpReceiver(
             self._take,
@@ -190,6 +196,17 @@ class Collector:
             min_body_rate=options.min_body_rate,
         )
         self._summary: CollectSummary | None = None
+
+    def _written(self, last: int) -> None:
+        """Parts hold every log record <= `last` (from the spool's thread): delete the log
+        segments they free, then merge small parts whose records have left the log."""
+        self.wal.release_through(last, self.sink.make_durable)
+        compactor = self.sink.compactor
+        if compactor is not None and not self.spool.closing:
+            try:
+                compactor.run(self.wal.released_through, stop=lambda: self.spool.pressed)
+            except OSError as e:  # the parts stay as they are; the store is whole
+                log.warning("chiptrace: could not compact the store: %s", e)
 
     def _take(self, batch: pa.RecordBatch) -> None:
         self.sink.prepare(batch)

@@ -33,10 +33,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from chiptrace.collector.compact import Compactor
 from chiptrace.collector.spool import PartialWrite, StoreUnavailable
 from chiptrace.collector.wal import PartTag
 from chiptrace.errors import ConfigError
-from chiptrace.store import SPANS_DIR, PartWriter
+from chiptrace.store import SPAN_WRITE_OPTIONS, SPANS_DIR, PartWriter
 
 log = logging.getLogger("chiptrace")
 
@@ -48,6 +49,13 @@ _HASH_CHARS = 16
 _UNSAFE = re.compile(rb"[^A-Za-z0-9._-]")
 _NS_PER_DAY = 86_400 * 10**9
 _READY_LIMIT = 100_000  # partition folders remembered as created
+# A part of fewer rows is written without compression: zstd's setup per column chunk was
+# 0.5 of 0.9 ms CPU for a 20-row part (1,000 hosts' parts at SIGTERM), for 6% fewer bytes.
+SMALL_PART_ROWS = 256
+SMALL_PART_OPTIONS: dict[str, Any] = {
+    **{k: v for k, v in SPAN_WRITE_OPTIONS.items() if k != "compression_level"},
+    "compression": "none",
+}
 
 
 def sync_filesystem(path: Path) -> None:
@@ -144,6 +152,10 @@ class PartitionedStoreSink:
     def __init__(self, writer: PartWriter, partition_by: Sequence[str] = ()) -> None:
         self.writer = writer
         self.partition_by = tuple(partition_by)
+        # Parts merged per partition after flushes (partitioned collectors only).
+        self.compactor = (
+            Compactor(writer.writer_id, self.make_durable_all) if self.partition_by else None
+        )
         self._ready: set[str] = set()
         self._unsynced: set[Path] = set()  # folders with parts written since make_durable
         self._dirs_lock = threading.Lock()
@@ -182,33 +194,48 @@ class PartitionedStoreSink:
             PartialWrite: some partitions failed; their rows are in `unwritten`.
         """
         name = tag.name if tag is not None else None
-        groups = partition_groups(table, self.partition_by) if self.partition_by else {"": None}
         failed: list[pa.Table] = []
         errors: list[Exception] = []
-
-        def write_one(path: str, rows: Any) -> None:
-            part = table if rows is None else table.take(pa.array(rows))
+        for path, part in self._split(table, skip):
             try:
                 # No fsync per file: 1,000 partitions took 5 s in fsyncs; parts are made
                 # durable together (make_durable) before the log records they hold go.
                 written = self.writer.write(
-                    part, partition=path or None, name=name, sync=tag is None
+                    part,
+                    partition=path or None,
+                    name=name,
+                    sync=tag is None,
+                    options=SMALL_PART_OPTIONS if part.num_rows < SMALL_PART_ROWS else None,
                 )
             except Exception as e:  # noqa: BLE001 - one partition must not cost the others
                 failed.append(part)
                 errors.append(e)
-                return
+                continue
             with self._dirs_lock:
                 self._unsynced.add(written.parent)
-
-        # One after another: 8 threads took 6.4 s for 1,000 partitions where one took 3.9
-        # (each small file is mostly Python and GIL-holding setup, not encoding).
-        for path, rows in groups.items():
-            if path not in skip:
-                write_one(path, rows)
+            if self.compactor is not None and tag is not None:
+                self.compactor.add(written, tag, part.num_rows)
         self._update_manifest()
         if failed:
             raise PartialWrite(pa.concat_tables(failed), errors[0])
+
+    def _split(self, table: pa.Table, skip: frozenset[str]) -> list[tuple[str, pa.Table]]:
+        """(partition path, its rows) to write, in order. One `take` puts the rows in
+        partition order and each partition is a slice of it (a take per partition cost
+        0.2 s of 1,000)."""
+        if not self.partition_by:
+            return [] if "" in skip else [("", table)]
+        groups = partition_groups(table, self.partition_by)
+        paths = [p for p in groups if p not in skip]
+        if not paths:
+            return []
+        ordered = table.take(pa.array(np.concatenate([groups[p] for p in paths])))
+        out, at = [], 0
+        for p in paths:
+            n = len(groups[p])
+            out.append((p, ordered.slice(at, n)))
+            at += n
+        return out
 
     def make_durable(self) -> None:
         """Make the parts written so far (contents and names) durable, before the log
@@ -218,6 +245,12 @@ class PartitionedStoreSink:
             dirty, self._unsynced = bool(self._unsynced), set()
         if dirty:
             sync_filesystem(self.writer.directory)
+
+    def make_durable_all(self) -> None:
+        """Make everything under the store durable (compaction: merged parts, deletions)."""
+        with self._dirs_lock:
+            self._unsynced = set()
+        sync_filesystem(self.writer.directory)
 
     def _update_manifest(self) -> None:
         try:

@@ -88,6 +88,7 @@ class SpoolLimits:
     max_bytes: int = 256 * _MIB
     min_free_bytes: int = 64 * _MIB
     wait_s: float = 2.0
+    rotate_log: bool = False  # close the log's segment at each part (see compact.py)
 
 
 class Spool:
@@ -134,6 +135,16 @@ class Spool:
         self._flush_at_bytes = max(1, min(limits.flush_bytes, limits.max_bytes // 2))
         self._thread = threading.Thread(target=self._run, name="chiptrace-spool", daemon=True)
         self._thread.start()
+
+    @property
+    def closing(self) -> bool:
+        """close() was called: no more work than writing what was taken."""
+        return self._closing
+
+    @property
+    def pressed(self) -> bool:
+        """Closing, or a request waits for room: the writer has better things to do."""
+        return self._closing or self._waiters > 0
 
     @property
     def pending(self) -> int:
@@ -217,7 +228,9 @@ class Spool:
         except OSError:
             return  # the write will tell
         free = st.f_bavail * st.f_frsize
-        if free < self._bytes + size + self.limits.min_free_bytes:
+        # With a log, the batch goes to disk twice: its log record now, its part later.
+        need = self._bytes + size * (2 if self.wal is not None else 1)
+        if free < need + self.limits.min_free_bytes:
             raise StoreUnavailable(
                 f"the disk holding {self.disk} is nearly full: {free / _MIB:.0f} MiB free, "
                 f"{self._bytes / _MIB:.0f} MiB buffered to write, "
@@ -264,6 +277,13 @@ class Spool:
 
     def _take(self) -> list[_Entry]:
         lim = self.limits
+        if lim.rotate_log and self.wal is not None and not self._closing:
+            # Under the lock, so the segment ends at the queue's last record: once this
+            # part is written, the segment goes, and its parts may be merged.
+            try:
+                self.wal.rotate()
+            except OSError as err:  # its records' syncs fail (503); the segment stays
+                log.warning("chiptrace: could not close a write-ahead log segment: %s", err)
         part = [self._queue.popleft()]
         if part[0].alone:
             return part

@@ -146,6 +146,8 @@ class WriteAheadLog:
         self._inflight: list[tuple[int, int]] = []  # (fd, target) of the syncs in flight
         self._closing_last = 0  # the last record of a segment being closed
         self._lost = 0  # records up to here were in a segment whose final sync failed
+        self.released_through = 0  # every record <= this is out of the log (parts hold it)
+        self._undeleted = False  # a segment could not be deleted: released_through stops
 
     # ------------------------------------------------------------ appending
 
@@ -244,6 +246,12 @@ class WriteAheadLog:
                 self._closing_last = 0
             self._cond.notify_all()
 
+    def rotate(self) -> None:
+        """Close the current segment (a later append starts the next), so that it can be
+        deleted as soon as parts hold its records rather than when it fills."""
+        with self._cond:
+            self._close_segment()
+
     # ------------------------------------------------------------ releasing
 
     def release_through(self, seq: int, before_delete: Callable[[], None]) -> None:
@@ -265,11 +273,15 @@ class WriteAheadLog:
             return
         with self._cond:
             self._segments = [s for s in self._segments if s not in done]
+        deleted = not self._undeleted
         for s in done:
             try:
                 s.path.unlink()
             except OSError as e:
+                deleted, self._undeleted = False, True  # its records stay: no longer released
                 log.warning("chiptrace: could not delete %s: %s", s.path, e.strerror)
+        if deleted:  # segments go in order: every record up to the last one's is gone
+            self.released_through = max(self.released_through, max(s.last for s in done))
 
     def close(self, written_through: int, before_delete: Callable[[], None]) -> None:
         """Close the log; delete every segment whose records parts hold (all of them after a

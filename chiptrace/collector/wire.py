@@ -16,14 +16,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from chiptrace._protowire import WireError, fields
-from chiptrace.collector._pbwire import scan_span, span_header
-from chiptrace.collector.anyvalue import RawValueReader, decode_any_value, key_values
+from chiptrace.collector._pbwire import scan_span, scope_fields, span_header
+from chiptrace.collector.anyvalue import (
+    RawValueReader,
+    decode_any_value,
+    events_json,
+    key_values,
+    links_json,
+    resource_row,
+)
+from chiptrace.collector.fastscope import MIN_SPANS, scope_batch
 from chiptrace.schema import ATTRIBUTE_COLUMNS, CHIP_TYPES, chip_type_of, dumps
 
 _HAS_CORE = object()  # a span tail holding ids, name, kind or times: not the fast shape
@@ -119,9 +128,11 @@ class SpanReader:
 
     def __init__(self, caches: Caches | None = None) -> None:
         self.rows: list[tuple[Any, ...]] = []
+        self.batches: list[pa.RecordBatch] = []  # scopes read whole (fastscope)
         self.rejected = 0  # spans with ids of the wrong length
         self.bad_spans = 0  # spans whose events or links do not parse
         self.truncated = 0  # attribute values cut at MAX_VALUE_DEPTH
+        self.replaced = 0  # strings with invalid UTF-8 stored with U+FFFD (names aside)
         c = caches or SHARED_CACHES
         self._caches = c
         self._kv, self._attrs, self._tails, self._status = c.kv, c.attrs, c.tails, c.status
@@ -137,12 +148,41 @@ class SpanReader:
             # nothing else (it used to fail the request). Not cached: each use counts.
             reader = RawValueReader()
             key, value = reader.key_value(raw, 0, len(raw))
-            self.truncated += reader.truncated
+            self._count(reader)
             col = ATTRIBUTE_COLUMNS.get(key)
             return (_COL_INDEX[col] if col is not None and _fits(col, value) else None, key, value)
         col = ATTRIBUTE_COLUMNS.get(key)
         hit = (_COL_INDEX[col] if col is not None and _fits(col, value) else None, key, value)
         return self._caches.put(self._kv, raw, hit, len(raw))
+
+    def _count(self, reader: RawValueReader) -> None:
+        self.truncated += reader.truncated
+        self.replaced += reader.replaced
+
+    def _resource(self, raw: bytes) -> tuple[str, str | None, int | None, str]:
+        """A Resource message as (service, host, pid, attributes JSON); one with invalid
+        UTF-8 or nesting past protobuf's limit is read by hand (it used to fail the
+        request)."""
+        try:
+            attrs = key_values(Resource.FromString(raw).attributes)
+        except (ProtoDecodeError, RecursionError):
+            reader = RawValueReader()
+            attrs = reader.key_values(raw, 0, len(raw), 1)  # Resource.attributes = 1
+            self._count(reader)
+        return resource_row(attrs)
+
+    def _scope_name(self, raw: bytes) -> str:
+        """An InstrumentationScope's name (the rest is not stored), repaired as above."""
+        try:
+            return InstrumentationScope.FromString(raw).name or "unknown"
+        except (ProtoDecodeError, RecursionError):
+            reader = RawValueReader()
+            name = ""
+            for num, wt, v in fields(raw, 0, len(raw)):
+                if num == 1 and wt == 2:  # InstrumentationScope.name = 1
+                    name = reader.text(raw[v[0] : v[1]])
+            self._count(reader)
+            return name or "unknown"
 
     def status_of(self, raw: bytes) -> tuple[int, str | None]:
         """(code, message) of a Status message's bytes, cached."""
@@ -162,7 +202,7 @@ class SpanReader:
         Raises:
             WireError: malformed bytes (nothing of this request is kept then).
         """
-        before = len(self.rows)
+        before = len(self.rows), len(self.batches)
         try:
             for num, wt, v in fields(buf, 0, len(buf)):
                 if num == 1 and wt == 2:
@@ -174,30 +214,39 @@ class SpanReader:
             self._truncate(before)
             raise
 
-    def _truncate(self, n: int) -> None:
-        del self.rows[n:]
+    def _truncate(self, n: tuple[int, int]) -> None:
+        del self.rows[n[0] :]
+        del self.batches[n[1] :]
 
     def _resource_spans(self, buf: bytes, lo: int, hi: int) -> None:
         res: tuple[str, str | None, int | None, str] = ("unknown_service", None, None, "{}")
         scopes = []
         for num, wt, v in fields(buf, lo, hi):
             if num == 1 and wt == 2:
-                res = _resource(Resource.FromString(buf[v[0] : v[1]]))
+                res = self._resource(buf[v[0] : v[1]])
             elif num == 2 and wt == 2:
                 scopes.append(v)
         for s_lo, s_hi in scopes:  # the resource may come after its spans on the wire
             self._scope_spans(buf, s_lo, s_hi, res)
 
     def _scope_spans(self, buf: bytes, lo: int, hi: int, res: tuple[Any, ...]) -> None:
-        scope = "unknown"
-        spans = []
-        for num, wt, v in fields(buf, lo, hi):
-            if num == 1 and wt == 2:
-                scope = InstrumentationScope.FromString(buf[v[0] : v[1]]).name or "unknown"
-            elif num == 2 and wt == 2:
-                spans.append(v)
+        at, spans = scope_fields(buf, lo, hi)
+        scope = self._scope_name(buf[at[0] : at[1]]) if at is not None else "unknown"
+        if len(spans) >= MIN_SPANS:
+            batch = scope_batch(buf, spans, self._tail_info, res, scope, MAX_CACHED_BYTES)
+            if batch is not None:
+                self.batches.append(batch)
+                return
         for s_lo, s_hi in spans:
             self._span(buf, s_lo, s_hi, res, scope)
+
+    def _tail_info(self, tail: bytes) -> tuple[Any, ...] | None:
+        """A tail's decoded (typed, rest, status, events, links); None: not the fast shape."""
+        try:
+            info = self._tails.get(tail) or self._tail(tail)
+        except (ProtoDecodeError, RecursionError):
+            return None  # events or links that do not parse: span by span, costing that span
+        return None if info is _HAS_CORE else info
 
     def _span(self, buf: bytes, lo: int, hi: int, res: tuple[Any, ...], scope: str) -> None:
         """One Span message; one whose events or links do not parse costs itself alone."""
@@ -284,8 +333,8 @@ class SpanReader:
             typed,
             rest,
             sc[7],
-            _events(sc[9]) if sc[9] else None,
-            _links(sc[10]) if sc[10] else None,
+            events_json(sc[9]) if sc[9] else None,
+            links_json(sc[10]) if sc[10] else None,
         )
 
     def _attributes(self, raws: tuple[bytes, ...]) -> tuple[tuple[Any, ...], str | None]:
@@ -353,41 +402,3 @@ class SpanReader:
             zip(TYPED_COLUMNS, (list(col) for col in zip(*typed, strict=True)), strict=True)
         )
         return cols
-
-
-def _events(raws: list[bytes]) -> str:
-    out = []
-    for raw in raws:
-        e = Span.Event.FromString(raw)
-        out.append(
-            {"name": e.name, "time_ns": e.time_unix_nano, "attributes": key_values(e.attributes)}
-        )
-    return dumps(out)
-
-
-def _links(raws: list[bytes]) -> str:
-    out = []
-    for raw in raws:
-        lk = Span.Link.FromString(raw)
-        out.append(
-            {
-                "trace_id": lk.trace_id.hex(),
-                "span_id": lk.span_id.hex(),
-                "attributes": key_values(lk.attributes),
-            }
-        )
-    return dumps(out)
-
-
-def _resource(resource: Any) -> tuple[str, str | None, int | None, str]:
-    attrs = key_values(resource.attributes)
-    pid = attrs.get("process.pid")
-    host = attrs.get("host.name")
-    return (
-        str(attrs.get("service.name") or "unknown_service"),
-        str(host) if host is not None else None,
-        pid
-        if isinstance(pid, int) and not isinstance(pid, bool) and -(2**31) <= pid < 2**31
-        else None,
-        dumps(attrs),
-    )

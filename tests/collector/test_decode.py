@@ -259,3 +259,94 @@ def test_bad_values_cost_the_value_not_the_request() -> None:
     assert (deep, depth) == (TRUNCATED, MAX_VALUE_DEPTH)
     assert attrs[3] == {"fine": 7}
     assert "1 attribute value(s) nested deeper than 32 levels cut" in decoded.message
+
+
+def test_a_resource_nested_too_deep_costs_the_value_not_the_request() -> None:
+    req = ExportTraceServiceRequest.FromString(sample_request(2, 1))
+    value = req.resource_spans[0].resource.attributes.add(key="deep").value
+    for _ in range(34):  # past protobuf's 100 message levels, which failed the request
+        value = value.kvlist_value.values.add(key="k").value
+    value.string_value = "bottom"
+    decoded = decode(req.SerializeToString())
+    assert decoded.batch.num_rows == 2 and decoded.rejected == 0
+    resource = json.loads(decoded.batch.column("resource")[0].as_py())
+    assert resource["service.name"] == "t"
+    assert "1 attribute value(s) nested deeper than 32 levels cut" in decoded.message
+
+
+def _varied_request(n: int, bad_utf8: bool = True) -> bytes:
+    """n spans of one scope in SDK field order, varied where the column reader must be
+    careful: roots and children, empty names, names with invalid UTF-8, no kind, events,
+    links, statuses, typed and generic attributes."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.add(key="service.name").value.string_value = "svc"
+    rs.resource.attributes.add(key="process.pid").value.int_value = 42
+    ss = rs.scope_spans.add()
+    ss.scope.name = "lib"
+    for i in range(n):
+        sp = ss.spans.add()
+        sp.trace_id, sp.span_id = bytes([i % 3 + 1]) * 16, (i + 1).to_bytes(8, "big")
+        if i % 4:
+            sp.parent_span_id = (i // 4 + 1).to_bytes(8, "big")
+        sp.name = "" if i % 7 == 0 else ("BAD" if i % 11 == 0 else f"op.{i % 5}")
+        sp.kind = i % 3  # 0 is not written
+        sp.start_time_unix_nano, sp.end_time_unix_nano = 10**18 + i, 10**18 + 2 * i + 1
+        attrs = {"chip.id": f"gpu:{i % 4}", "layer": i % 6}
+        if i % 5 == 0:
+            attrs["op.flops"] = i << 20
+        for key, value in attrs.items():
+            kv = sp.attributes.add(key=key)
+            if isinstance(value, int):
+                kv.value.int_value = value
+            else:
+                kv.value.string_value = value
+        if i % 9 == 0:
+            sp.status.code, sp.status.message = 2, "boom"
+        if i % 13 == 0:
+            sp.events.add(name="e", time_unix_nano=i)
+        if i % 17 == 0:
+            sp.links.add(trace_id=b"\x09" * 16, span_id=b"\x08" * 8)
+    body = req.SerializeToString()
+    return body.replace(b"BAD", b"B\xffD") if bad_utf8 else body
+
+
+def test_scopes_read_whole_equal_spans_read_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import chiptrace.collector.wire as wire
+
+    body = _varied_request(64)
+    whole = decode(body)
+    assert whole.batch.num_rows == 64 and not whole.reason
+    names = {r["name"] for r in whole.batch.to_pylist()}
+    assert {"", "B\ufffdD", "op.1"} <= names
+    monkeypatch.setattr(wire, "MIN_SPANS", 10**9)  # every span by the per-span reader
+    single = decode(body)
+    assert whole.batch.schema == single.batch.schema
+    assert whole.batch.to_pylist() == single.batch.to_pylist()
+    monkeypatch.undo()
+    body = _varied_request(64, bad_utf8=False)  # opentelemetry-proto refuses invalid UTF-8
+    _check(body)
+    # Two scopes: one read whole, one (too few spans) span by span, in one batch.
+    req = ExportTraceServiceRequest.FromString(body)
+    small = req.resource_spans[0].scope_spans.add()
+    small.scope.name = "small"
+    small.spans.add().CopyFrom(req.resource_spans[0].scope_spans[0].spans[1])
+    small.spans[0].span_id = b"\x07" * 8
+    mixed = _check(req.SerializeToString())
+    assert mixed.num_rows == 65
+
+
+def test_damaged_bodies_read_whole_raise_decode_error_or_decode() -> None:
+    body = _varied_request(40)
+    rng = random.Random(7)
+    outcomes = set()
+    for _ in range(300):
+        damaged = bytearray(body)
+        for _ in range(3):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        try:
+            decode(bytes(damaged))
+            outcomes.add("ok")
+        except DecodeError:
+            outcomes.add("error")
+    assert outcomes == {"ok", "error"}

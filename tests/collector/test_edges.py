@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
-from tests.collector.test_collect import Collector, post, sample_request
+from tests.collector.test_collect import (
+    GRPC_METHOD,
+    Collector,
+    _to_otlp_json,
+    post,
+    sample_request,
+    stored,
+)
 from tests.collector.test_http import HEAD, exchange
 from tests.waiting import wait_until
 
@@ -100,3 +113,88 @@ def test_trickling_clients_do_not_lock_out_real_posts(tmp_path: Path) -> None:
         summary = c.close()
     assert summary.refused >= 16  # the tricklers past the cap: 503, counted
     assert "refused with 503" in summary.line()
+
+
+def test_a_body_slower_than_the_minimum_rate_gets_408(tmp_path: Path) -> None:
+    from chiptrace.collector.receiver import OtlpReceiver
+
+    with OtlpReceiver(
+        lambda batch: None, http="127.0.0.1:0", min_body_rate=100_000, body_grace_s=0.5
+    ) as r:
+        head = HEAD.encode() + b"Content-Length: 1000000\r\n\r\n"
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", r.http_port), timeout=10) as s:
+            s.sendall(head)
+            answer = b""
+            for _ in range(100):  # 1 kB every 0.05 s: 20 kB/s, under the 100 kB/s asked
+                try:
+                    s.sendall(b"x" * 1000)
+                except OSError:
+                    break
+                s.settimeout(0.05)
+                try:
+                    answer = s.recv(100)
+                except TimeoutError:
+                    continue
+                break
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert time.monotonic() - t0 < 3
+
+
+def _bad_utf8_request(first_id: int) -> bytes:
+    """Two spans whose resource (service, host, another key and value) and scope name hold
+    invalid UTF-8; every other field is fine."""
+    req = ExportTraceServiceRequest.FromString(sample_request(2, first_id))
+    rs = req.resource_spans[0]
+    del rs.resource.attributes[:]
+    for key, value in (("service.name", "SVC@"), ("host.name", "HOST@"), ("KEY@", "VAL@")):
+        kv = rs.resource.attributes.add()
+        kv.key, kv.value.string_value = key, value
+    rs.scope_spans[0].scope.name, rs.scope_spans[0].scope.version = "SCOPE@", "1.0"
+    return req.SerializeToString().replace(b"@", b"\xff")
+
+
+def _bad_utf8_json(first_id: int) -> bytes:
+    """The same as OTLP/JSON: raw invalid bytes, and an unpaired surrogate escape."""
+    doc = json.loads(_to_otlp_json(sample_request(2, first_id)))
+    rs = doc["resourceSpans"][0]
+    rs["resource"] = {
+        "attributes": [
+            {"key": "service.name", "value": {"stringValue": "SVC@"}},
+            {"key": "host.name", "value": {"stringValue": "HOST\udc00"}},
+        ]
+    }
+    rs["scopeSpans"][0]["scope"] = {"name": "SCOPE@"}
+    return json.dumps(doc).encode().replace(b"@", b"\xff")
+
+
+def test_invalid_utf8_in_resource_and_scope_costs_the_value(tmp_path: Path) -> None:
+    """Over HTTP protobuf, HTTP JSON and gRPC: the spans are stored with U+FFFD where the
+    bytes were bad (as in a span name), and the partial-success message counts them."""
+    c = Collector(tmp_path / "c")
+    try:
+        status, resp = post(c.url, _bad_utf8_request(10))
+        assert status == 200
+        message = ExportTraceServiceResponse.FromString(resp).partial_success
+        assert message.rejected_spans == 0
+        assert "5 string(s) with invalid UTF-8 stored with U+FFFD" in message.error_message
+        status, resp = post(c.url, _bad_utf8_json(20), "application/json")
+        assert status == 200
+        partial = json.loads(resp)["partialSuccess"]
+        assert "rejectedSpans" not in partial
+        assert "3 invalid UTF-8 sequence(s) or unpaired surrogate(s)" in partial["errorMessage"]
+        with grpc.insecure_channel(c.grpc_target) as ch:
+            raw = ch.unary_unary(GRPC_METHOD)(_bad_utf8_request(30), timeout=60)
+        assert (
+            "5 string(s)"
+            in ExportTraceServiceResponse.FromString(raw).partial_success.error_message
+        )
+    finally:
+        c.close()
+    rows = stored(c.out)
+    assert sorted(int(k, 16) for k in rows) == [10, 11, 20, 21, 30, 31]
+    for sid, row in rows.items():
+        assert (row["service"], row["scope"]) == ("SVC\ufffd", "SCOPE\ufffd"), sid
+        assert row["host"] == "HOST\ufffd", sid
+        if int(sid, 16) < 20 or int(sid, 16) >= 30:
+            assert json.loads(row["resource"])["KEY\ufffd"] == "VAL\ufffd"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.rpc.error_details_pb2 import RetryInfo
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.collector.test_collect import GRPC_METHOD, start_collect, stored
@@ -103,7 +104,10 @@ def grpc_client(target: str, body: bytes, at: int, i: int, acked: list[int], end
                     grpc.StatusCode.UNAVAILABLE,
                 ), e
                 info = dict(e.trailing_metadata() or ()).get("google.rpc.retryinfo-bin")
-                delay = info[2] if info else min(2**attempt, 8)  # Duration.seconds varint
+                delay = min(2**attempt, 8)
+                if info:  # as the SDK reads it (it used to read the tag byte: always 8 s)
+                    d = RetryInfo.FromString(info).retry_delay
+                    delay = d.seconds + d.nanos / 1e9
                 time.sleep(delay)
                 continue
             acked.append(i)
