@@ -236,7 +236,14 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
             (k for k in fixes[i] if res[f"{i}:{k}"]["saving_ns"] >= INFO_BELOW * x.step_ns),
             list(fixes[i])[-1],
         )
-        out.append(_priced(x, f, res[f"{i}:{best}"]["saving_ns"], _HOW[best], _KIND.get(best)))
+        saving = res[f"{i}:{best}"]["saving_ns"]
+        if f.rule == "rank-straggler" and saving < INFO_BELOW * x.step_ns <= f.saving_ns:
+            # The replay removes a rank's late start; a rank late at each collective with
+            # nothing in its trace before the arrival (no gap the graph can close) keeps
+            # what the others were measured to wait for it.
+            out.append(f)
+            continue
+        out.append(_priced(x, f, saving, _HOW[best], _KIND.get(best)))
     return _fold(x, out, speeds)
 
 
