@@ -106,7 +106,9 @@ def _fixes(
         return {"share": Change(speed=dict.fromkeys(took, (len(took) + 1) / len(took)))}
     if f.rule in ("link-down", "link-avoided"):
         went = [str(v) for v in f.evidence.get("traffic_went_over") or []]
-        return {"typical": Change(typical=frozenset([f.culprit, *went]))}
+        # queue-overload's cut-off serving devices (a list): the link back brings them back
+        fix = "back" if isinstance(f.evidence.get("cut_off"), list) else "typical"
+        return {fix: Change(typical=frozenset([f.culprit, *went]))}
     if not nominal:
         return {}
     return {
@@ -153,6 +155,7 @@ _KIND = {
     "peers": "fault",
     "nominal": "fault",
     "typical": "fault",
+    "back": "fault",
     "share": "fault",
     "spec": "fault",
     "chip 2x": "bottleneck",
@@ -168,6 +171,7 @@ _HOW = {
     "chip 2x": "the chip twice as fast (it is as fast as its peers)",
     "type 2x": "every chip of its type twice as fast (they share the work)",
     "typical": "the transfers it pushed elsewhere at their typical time",
+    "back": "the serving devices it cut off back in the pool (the batcher replayed)",
     "share": "the chip it cut off doing its share again (its peers that much faster)",
     "spec": "the chip at its model's speed (it has no peers and ran slower than that)",
     "joint": "every part fixed together",
@@ -284,7 +288,9 @@ def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[
     best: dict[tuple[str, str | None, str], Finding] = {}
     for f in found:
         k = (f.rule, f.step, f.culprit)
-        if k not in best or f.saving_ns > best[k].saving_ns:
+        # A replayed saving beats a rule's own estimate of the same cause (a serving pool's
+        # lost device priced by its batcher, not by its share of the work), then the larger.
+        if k not in best or _replayed_first(f) > _replayed_first(best[k]):
             best[k] = f
     found = [f for f in found if best[(f.rule, f.step, f.culprit)] is f]
     groups: dict[tuple[str, str, str], list[Finding]] = defaultdict(list)
@@ -310,6 +316,10 @@ def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[
         f = _priced(x, lead, joint, _HOW["joint"], kind, parts=len(parts))
         out.append(dataclasses.replace(f, parts=parts))
     return [f for f in out if id(f) not in folded]
+
+
+def _replayed_first(f: Finding) -> tuple[bool, float]:
+    return (bool(f.evidence.get("what_if")), f.saving_ns)
 
 
 def _type_of(x: RuleInput, culprit: str) -> str:

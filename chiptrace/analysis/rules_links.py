@@ -18,6 +18,7 @@ from chiptrace.analysis.model import Finding, severity_for
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.rules_chips import peer_group
 from chiptrace.analysis.savings import slowed_transfers_on_path
+from chiptrace.analysis.serving import back_ends
 
 SATURATED = 0.70  # busy and moving data at >= 70% of the link's bandwidth
 BUSY = 0.30  # ... for at least 30% of the time
@@ -253,7 +254,15 @@ def link_down(x: RuleInput) -> list[Finding]:
                 out.append(_down_finding(x, lk.id, end, peers))
                 break
     mine_or_all = None if x.chips is None else mine
-    return out + _cut_off(x, active, uses, used, mine_or_all)
+    # A GPU or NPU the link-state telemetry names lost is priced by chips_lost (its share of
+    # the work); a lost host chip's cost is not in that telemetry, so _cut_off prices it.
+    told = {
+        str(c)
+        for f in out
+        for c in f.evidence.get("chips_lost") or ()
+        if _kind(str(c)) in ("gpu", "npu")
+    }
+    return out + _cut_off(x, active, uses, used, mine_or_all, told)
 
 
 def _cut_off(
@@ -262,6 +271,7 @@ def _cut_off(
     uses: dict[str, set[tuple[str, str]]],
     used: set[str],
     mine: set[str] | None,
+    told: frozenset[str] | set[str] = frozenset(),
 ) -> list[Finding]:
     """A chip that did nothing, none of whose links carried anything, while chips of its
     model worked over links like its own: its links are down (a DPU behind its one PCIe
@@ -275,9 +285,14 @@ def _cut_off(
                 links_of[e].append(lk)
     out = []
     working = {r["chip_id"] for r in t.chips.to_pylist() if r["ops"]}
+    # A serving pool's lost device is queue-overload's to find and price: its batcher
+    # replays the requests with the device back, where sharing its work misprices a queue.
+    serving = x.con is not None and len(back_ends(t.steps) or ()) >= 8
     for chip, own in links_of.items():
         if chip in active or any(lk.id in used for lk in own) or _kind(chip) in CARRIERS:
             continue  # a NIC or switch left unused carries no work of its own to miss
+        if chip in told or (serving and _kind(chip) in ("gpu", "npu")):
+            continue
         kind = _kind(chip)
         group = peer_group(x, chip, kind)
         wanted = {(lk.type or "", _kind(lk.dst if lk.src == chip else lk.src)) for lk in own}
