@@ -31,6 +31,7 @@ from typing import Any
 from chiptrace.analysis import sweep as sweeping
 from chiptrace.analysis.model import Finding, severity_for
 from chiptrace.analysis.rule_input import RuleInput
+from chiptrace.analysis.rules_links import reported_fractions
 from chiptrace.analysis.serving import back_ends, evaluate
 from chiptrace.analysis.speeds import peer_speeds, spec_speeds
 from chiptrace.analysis.whatif import MAX_GRAPH_SPANS, Change
@@ -180,22 +181,10 @@ _HOW = {
 }
 
 
-def _link_state(x: RuleInput) -> dict[str, float]:
-    """Links the run's link-state telemetry (a fabric manager's, or the emulator's
-    `link_state`) reports up at reduced bandwidth: id -> fraction of its bandwidth. The
-    injected `faults` are never read: they are the answer, not a measurement."""
-    out = {}
-    for m in x.tables.manifests:
-        for s in m.get("link_state") or []:
-            if isinstance(s, dict) and s.get("state") == "up" and s.get("bandwidth_fraction"):
-                out[str(s.get("link"))] = float(s["bandwidth_fraction"])
-    return out
-
-
 def _not_down(x: RuleInput, found: list[Finding]) -> list[Finding]:
     """A link that carried nothing but is reported up at reduced bandwidth is not down:
     routing went around it. Same culprit, said as it is."""
-    state = _link_state(x)
+    state = reported_fractions(x)
     out = []
     for f in found:
         frac = state.get(f.culprit) if f.rule == "link-down" else None

@@ -22,6 +22,7 @@ from chiptrace.analysis.serving import back_ends
 
 SATURATED = 0.70  # busy and moving data at >= 70% of the link's bandwidth
 BUSY = 0.30  # ... for at least 30% of the time
+REPORTED_SLOW = 0.95  # a link state below this fraction of the bandwidth is a slow link
 SLOW_LINK = 0.5  # achieved bandwidth under half that of links of the same type
 SMALL_MESSAGE = 64 * 1024  # latency dominates below this: achieved bandwidth says little
 MAX_TRANSFER_KEYS = 500_000
@@ -200,10 +201,59 @@ def saturated_links(x: RuleInput, skip: set[str]) -> list[Finding]:
     return out
 
 
+def reported_fractions(x: RuleInput) -> dict[str, float]:
+    """Links the run's link-state telemetry (a fabric manager's, or the emulator's
+    `link_state`) reports up at reduced bandwidth: id -> fraction of its bandwidth. The
+    injected `faults` are never read: they are the answer, not a measurement."""
+    out = {}
+    for m in x.tables.manifests:
+        for s in m.get("link_state") or []:
+            if isinstance(s, dict) and s.get("state") == "up" and s.get("bandwidth_fraction"):
+                out[str(s.get("link"))] = float(s["bandwidth_fraction"])
+    return out
+
+
+def reported_slow(x: RuleInput, skip: set[str]) -> list[Finding]:
+    """A link that carried data while the link-state telemetry reports it up below its
+    bandwidth (NVML's NVLink speed, ethtool's negotiated speed): slow whether or not it has
+    peers to compare with (rack6 has two Ethernet links, one per NIC)."""
+    state = reported_fractions(x)
+    out = []
+    for r in x.link_rows():
+        link_id = r["link_id"]
+        frac = state.get(link_id)
+        nominal = x.tables.topology.bandwidth(link_id)
+        if frac is None or frac >= REPORTED_SLOW or link_id in skip or not nominal:
+            continue
+        if r["busy_ns"] <= 0 or not r["bytes"]:
+            continue
+        lost = r["busy_ns"] * (1 - frac)
+        f = x.finding(
+            "link-bound",
+            link_id,
+            {
+                "cause": "reported slow",
+                "link_type": r["link_type"],
+                "bandwidth_fraction": frac,
+                "achieved_GBps": round(r["bytes"] / r["busy_ns"], 3),
+                "bandwidth_GBps": round(nominal / 1e9, 3),
+                "transfers": r["transfers"],
+                "lost_ms": ms(lost),
+            },
+            f"{link_id} runs at {frac:.0%} of its bandwidth (its link state): check the link "
+            "(degraded lanes, a renegotiated speed) or route around it",
+            _saving(x, lost),
+        )
+        skip.add(link_id)
+        out.append(_at_least_medium(dataclasses.replace(f, kind="fault")))
+    return out
+
+
 def link_bound(x: RuleInput) -> list[Finding]:
-    """A link far slower than its peers, or a link direction near saturation while the
-    chip it feeds waits."""
+    """A link far slower than its peers, or one its link state reports slow, or a link
+    direction near saturation while the chip it feeds waits."""
     out = slow_links(x)
+    out += reported_slow(x, {f.culprit for f in out})
     return out + saturated_links(x, {f.culprit for f in out})
 
 
