@@ -418,8 +418,9 @@ def _row(span: Span) -> tuple[Any, ...]:
         if site >= 0:
             tid_hi, tid_lo = span.trace_hi, span.trace_lo
             return (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end)
+    tags = span.tags
     return (
-        span.tags,
+        tags if tags.__class__ is not _sites.RawTags else tags[0],
         span.trace_hi,
         span.trace_lo,
         span.span_id,
