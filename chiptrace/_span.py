@@ -405,19 +405,21 @@ def _open(name: str, tags: Tags, kind: int) -> tuple[Span, Any]:
 
 
 def _row(span: Span) -> tuple[Any, ...]:
-    """The buffered row of an ended span: plain when it carries nothing but its site."""
+    """The buffered row of an ended span: plain when it carries nothing but its site and
+    perhaps attributes (chiptrace._fastrows), else general (chiptrace._rows)."""
     end = span.end_ns
     if (
-        span.attributes is None
-        and span.events is None
+        span.events is None
         and span.links is None
         and span.status_code == STATUS_UNSET
         and end.__class__ is int
     ):
         site = _sites.site(span.name, span.tags, span.kind)
         if site >= 0:
-            tid_hi, tid_lo = span.trace_hi, span.trace_lo
-            return (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end)
+            tid_hi, tid_lo, attrs = span.trace_hi, span.trace_lo, span.attributes
+            if attrs is None:
+                return (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end)
+            return (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end, attrs)
     tags = span.tags
     return (
         tags if tags.__class__ is not _sites.RawTags else tags[0],

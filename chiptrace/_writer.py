@@ -129,11 +129,13 @@ def row_bytes(rows: list[Any]) -> int:
     measured = 0
     sampled = rows[::SAMPLE]
     for row in sampled:
-        if len(row) == 7:
+        if len(row) <= 8:  # plain, or a site row with attributes (chiptrace._fastrows)
             measured += PLAIN_ROW_BYTES
-            continue
-        measured += RICH_ROW_BYTES
-        for part in row[11:14]:  # attributes, events, links
+            parts = row[7:]
+        else:
+            measured += RICH_ROW_BYTES
+            parts = row[11:14]
+        for part in parts:  # attributes, events, links
             if part:
                 measured += ITEM_BYTES * len(part)
                 if isinstance(part, dict):

@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 
+_site_index = _sites._index  # site numbers by (name, id(tags), kind); read without a lock
 _tags = _sites.tags  # interned by value: one Tags per distinct chip/link/op/precision
 
 
@@ -328,6 +329,8 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         s.span_id = sid = _span_mod._new_id()
         if parent.__class__ is Span:
             s.trace_hi, s.trace_lo, s.parent_id = parent.trace_hi, parent.trace_lo, parent.span_id
+        elif parent is None and st._remote_root is None:  # a root: no call, ~0.1 us saved
+            s.trace_hi, s.trace_lo, s.parent_id = _span_mod._TRACE_HI, sid, 0
         else:
             s.trace_hi, s.trace_lo, s.parent_id = _parent_ids(parent, sid)
         s.name, s.kind, s.tags = self._name, self._kind, self._tags
@@ -378,8 +381,22 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         if s.end_ns:
             return  # ended already (end() in the block), or tracing is off
         s.end_ns = end
-        row = _row(s)
-        rec = _STATE.recorder
+        # _row, inlined (~0.1 us): a site row, with the attributes when there are any.
+        name = s.name
+        if s.events is None and s.links is None and not s.status_code and name.__class__ is str:
+            site = _site_index.get((name, id(s.tags), s.kind))
+            if site is None:
+                site = _sites.site(name, s.tags, s.kind)
+            attrs = s.attributes
+            if site < 0:
+                row = _row(s)
+            elif attrs is None:
+                row = (site, s.trace_hi, s.trace_lo, s.span_id, s.parent_id, s.start_ns, end)
+            else:
+                row = (site, s.trace_hi, s.trace_lo, s.span_id, s.parent_id, s.start_ns, end, attrs)
+        else:
+            row = _row(s)
+        rec = _STATE._recorder
         if rec is None:
             _record(row)
         else:  # Recorder.record, inlined
