@@ -87,6 +87,36 @@ def per_call_latencies(fn: Fn, until: Callable[[], bool], most_s: float) -> np.n
             return np.frombuffer(out, dtype=np.float64)
 
 
+class GcPauses:
+    """The garbage collections (any thread's: each holds the GIL) while timing, by
+    generation: one of the suspects for a long call."""
+
+    def __init__(self) -> None:
+        self.longest: dict[int, float] = {}
+        self.count: dict[int, int] = {}
+        self._t0 = 0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter_ns()
+            return
+        gen, took = info["generation"], (time.perf_counter_ns() - self._t0) / 1000
+        self.count[gen] = self.count.get(gen, 0) + 1
+        self.longest[gen] = max(self.longest.get(gen, 0.0), took)
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def line(self) -> str:
+        return ", ".join(
+            f"gen{g} x{self.count[g]} longest {self.longest[g]:.0f} us" for g in sorted(self.count)
+        )
+
+
 def otel_setup() -> tuple[object, object]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -295,7 +325,8 @@ def stalls(traced: Fn, bare: Fn, otel: Fn, provider: object, tmp: Path, n: int) 
     rec._last_flush = -1e9  # due now: the writer thread starts its flush at its next wake
     rec._wake.set()
     t0 = time.monotonic()
-    lat = per_call_latencies(traced, lambda: rec.spans_flushed >= n, 60)
+    with GcPauses() as pauses:
+        lat = per_call_latencies(traced, lambda: rec.spans_flushed >= n, 60)
     busy_s = time.monotonic() - t0
     provider.force_flush()
     for _ in range(n):  # the SDK's queue holds at most what its export thread leaves
@@ -307,7 +338,8 @@ def stalls(traced: Fn, bare: Fn, otel: Fn, provider: object, tmp: Path, n: int) 
     print(
         f"  (writer busy {busy_s:.2f} s converting and writing {n:,} spans; {len(lat):,} calls"
         f" timed meanwhile; {int((lat > 2000).sum())} over 2 ms, {int((lat > 5).sum())} over 5 us;"
-        f" bare calls alone: {int((lat_bare > 2000).sum())} of {len(lat_bare):,} over 2 ms)"
+        f" bare calls alone: {int((lat_bare > 2000).sum())} of {len(lat_bare):,} over 2 ms;"
+        f" garbage collections meanwhile: {pauses.line()})"
     )
     return [
         Figure(
