@@ -1,7 +1,7 @@
 """The instrumentation API: `@trace`, `span()`, `carry()`, `current_span()`.
 
 Configuration (`init`, `flush`, `shutdown`) lives in chiptrace.lifecycle and is
-re-exported here; the span object and its hot path live in chiptrace._span.
+re-exported here; the span object and its hot path live in chiptrace.recording.spans.
 """
 
 from __future__ import annotations
@@ -14,9 +14,13 @@ from typing import Any, ParamSpec, TypeVar, overload
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from chiptrace import _device, _live, _sites, _wrap
-from chiptrace import _span as _span_mod
-from chiptrace._span import (
+from chiptrace.errors import ConfigError
+from chiptrace.lifecycle import flush, get_recorder, init, shutdown
+from chiptrace.recording import device as _device
+from chiptrace.recording import sites as _sites
+from chiptrace.recording import spans as _span_mod
+from chiptrace.recording import wrappers as _wrap
+from chiptrace.recording.spans import (
     _KINDS,
     _STATE,
     Span,
@@ -31,12 +35,7 @@ from chiptrace._span import (
     _set_context,
     _time_ns,
 )
-from chiptrace.errors import ConfigError
-from chiptrace.lifecycle import flush, get_recorder, init, shutdown
 from chiptrace.vocab import NO_TAGS, SPAN_KIND_INTERNAL, Tags
-
-# The one binding of what the compiled @trace wrappers call (chiptrace._wrap.G).
-_wrap.bind(**_live.bindings())
 
 P = ParamSpec("P")
 R = TypeVar("R")

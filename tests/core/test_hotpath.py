@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 import chiptrace
-from chiptrace import _fastrows, _live
 from chiptrace.propagation import inject
+from chiptrace.recording import fastrows as _fastrows
+from chiptrace.recording import live as _live
 from chiptrace.schema import NO_TAGS
 
 

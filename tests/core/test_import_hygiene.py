@@ -66,8 +66,8 @@ def test_init_streams_otlp_through_the_registered_sink(tmp_path, monkeypatch, re
     OpenTelemetry SDK's exporter."""
     import chiptrace
     from chiptrace import lifecycle
-    from chiptrace._otel import ExporterSink
     from chiptrace.exporters.otlp import OtlpSink
+    from chiptrace.recording.otel_sinks import ExporterSink
 
     if not registered:
         monkeypatch.setattr(lifecycle.EXTENSIONS, "otlp_sink", None)

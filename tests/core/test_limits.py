@@ -71,7 +71,7 @@ def test_buffer_is_bounded_in_bytes(tmp_path: Path) -> None:
 def test_a_full_tag_table_checks_new_tags_on_the_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from chiptrace import _sites
+    from chiptrace.recording import sites as _sites
 
     out = tmp_path / "t"
     rec = chiptrace.init(out, flush_interval_s=3600)

@@ -114,7 +114,7 @@ def test_chip_id_set_on_the_span_brings_its_type(trace_dir: Path) -> None:
 
 
 def test_an_ended_span_is_read_only_with_one_warning(trace_dir: Path, caplog, monkeypatch) -> None:
-    monkeypatch.setattr(chiptrace._span, "_warned_ended", False)  # once per process
+    monkeypatch.setattr(chiptrace.recording.spans, "_warned_ended", False)  # once per process
     with chiptrace.span("done") as s:
         s.set_attribute("kept", 1)
     with caplog.at_level(logging.WARNING, logger="chiptrace"):

@@ -4,7 +4,7 @@ A decorated function, or a `span("name", chip=...)` call site, produces spans th
 only in ids and times. The row it buffers carries the site's small number instead of the
 name and the Tags object, so a row is a tuple of ints (which the garbage collector stops
 tracking), and the writer thread turns the site numbers into columns with one NumPy take
-per column (chiptrace._fastrows) instead of a Python loop per span.
+per column (chiptrace.recording.fastrows) instead of a Python loop per span.
 
 Tags are interned by their four strings (`tags`): the same chip/link/op/precision is the
 same Tags object however many spans name it, so a site keyed by the Tags' identity is a

@@ -4,10 +4,10 @@ A decorated call that sets nothing ends as a plain row, seven ints:
 
     (site, trace_hi, trace_lo, span_id, parent_id, start_ns, end_ns)
 
-(chiptrace._sites numbers the sites). Plain rows convert with one np.fromiter a chunk
+(chiptrace.recording.sites numbers the sites). Plain rows convert with one np.fromiter a chunk
 and a NumPy take per column. A site row is a plain row and the span's attributes
 (`span("step", attributes={...})`), the same columns and the attributes' JSON; any other
-row is a general row (chiptrace._rows), checked per span.
+row is a general row (chiptrace.recording.rows), checked per span.
 
 The writer thread converts a buffer chunk by chunk and sleeps ~0.2 ms between chunks:
 a Python thread that never blocks keeps the GIL for up to the switch interval (5 ms),
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from chiptrace import _sites
-from chiptrace._rows import rows_to_batch
+from chiptrace.recording import sites as _sites
+from chiptrace.recording.rows import rows_to_batch
 from chiptrace.schema import (
     ATTRIBUTE_COLUMNS,
     TAG_COLUMNS,
@@ -190,7 +190,7 @@ def _attributes_json(rows: Sequence[tuple[Any, ...]]) -> tuple[list[str | None],
     """The JSON of site rows' attributes (position 7), and the positions of rows that
     need the general conversion: a typed key (`op.bytes`, `chip.id`: its own column,
     checked) or a value JSON cannot take. C-level maps when all are plain (~0.5 us a row
-    against ~2 us through chiptrace._rows)."""
+    against ~2 us through chiptrace.recording.rows)."""
     attrs = list(map(_seventh, rows))
     if not all(map(_TYPED_KEYS.isdisjoint, attrs)):
         return _attributes_json_slow(attrs)
@@ -322,7 +322,7 @@ class Converter:
         self._arrays, self._texts, self._waiting = [], [], 0
         try:
             a = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-            attributes = None
+            attributes: list[str | None] | None = None
             if any(t is not None for t in texts):
                 attributes = []
                 for arr, t in zip(arrays, texts):

@@ -1,6 +1,6 @@
 """General span rows -> Arrow batches, off the traced program's hot path.
 
-Most spans end as a plain row of ints (chiptrace._fastrows converts those with NumPy).
+Most spans end as a plain row of ints (chiptrace.recording.fastrows converts those with NumPy).
 A span that carries more (attributes, events, links, a status, a renamed or unnumbered
 site) ends as a general row, a tuple in this order:
 
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from chiptrace._sites import check
 from chiptrace.errors import ChipError
+from chiptrace.recording.sites import check
 from chiptrace.schema import (
     ATTRIBUTE_COLUMNS,
     COLUMN_ATTRIBUTES,
