@@ -1,7 +1,7 @@
 """Storage under the live model: rows of accumulators on a ring of time buckets, one row per
 chip or link direction, and the helpers that turn Arrow columns and ids into row keys.
 
-No drawing and no Textual here (model.py's rule), only NumPy and Arrow.
+No drawing and no Textual here (live_model.py's rule), only NumPy and Arrow.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def _copy_checkout(tmp_path: Path) -> Path:
         # The store below the exporters (a layer violation).
         ("chiptrace/store.py", "import chiptrace.exporters.chrome", "Layers"),
         # A mapped folder: the viewer below the CLI, seen through the link tree.
-        ("viewer/model.py", "import chiptrace.cli", "Layers"),
+        ("viewer/live_model.py", "import chiptrace.cli", "Layers"),
         # Textual outside the viewer and the CLI.
         ("chiptrace/analysis/report.py", "import textual", "Textual only"),
         # `import chiptrace` would load the analysis.
