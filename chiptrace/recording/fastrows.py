@@ -5,9 +5,10 @@ A decorated call that sets nothing ends as a plain row, seven ints:
     (site, trace_hi, trace_lo, span_id, parent_id, start_ns, end_ns)
 
 (chiptrace.recording.sites numbers the sites). Plain rows convert with one np.fromiter a chunk
-and a NumPy take per column. A site row is a plain row and the span's attributes
-(`span("step", attributes={...})`), the same columns and the attributes' JSON; any other
-row is a general row (chiptrace.recording.rows), checked per span.
+and a NumPy take per column. A site row is a plain row followed by the span's attributes,
+flat (`span("step", attributes={"step": 3})` ends as `(site, ..., end, "step", 3)`): the
+same columns and the attributes' JSON. A general row (chiptrace.recording.rows, 14
+long) carries the rest, checked per span.
 
 The writer thread converts a buffer chunk by chunk and sleeps ~0.2 ms between chunks:
 a Python thread that never blocks keeps the GIL for up to the switch interval (5 ms),
@@ -33,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from chiptrace.recording import sites as _sites
-from chiptrace.recording.rows import rows_to_batch
+from chiptrace.recording.rows import RICH_LEN, rows_to_batch
 from chiptrace.schema import (
     ATTRIBUTE_COLUMNS,
     TAG_COLUMNS,
@@ -44,9 +45,7 @@ from chiptrace.schema import (
 from chiptrace.vocab import Tags, _encode
 
 PLAIN_LEN = 7
-SITE_LEN = 8  # a plain row and the span's attributes (a dict)
 _ints7 = operator.itemgetter(0, 1, 2, 3, 4, 5, 6)
-_seventh = operator.itemgetter(7)
 _TYPED_KEYS = frozenset(ATTRIBUTE_COLUMNS)
 _EMPTY = "{}"
 
@@ -186,12 +185,23 @@ def plain_batch(
     return batch_from_columns(columns, n)
 
 
+def is_site_row(row: tuple[Any, ...]) -> bool:
+    """A plain row followed by attributes, key, value, ...: an odd length past 7 (a general
+    row is RICH_LEN, 14, long)."""
+    return len(row) & 1 == 1 and len(row) > PLAIN_LEN
+
+
+def site_row_attributes(row: tuple[Any, ...]) -> dict[str, Any]:
+    """The attributes a site row carries flat after its seven ints."""
+    return dict(zip(row[7::2], row[8::2]))
+
+
 def _attributes_json(rows: Sequence[tuple[Any, ...]]) -> tuple[list[str | None], list[int]]:
     """The JSON of site rows' attributes (position 7), and the positions of rows that
     need the general conversion: a typed key (`op.bytes`, `chip.id`: its own column,
     checked) or a value JSON cannot take. C-level maps when all are plain (~0.5 us a row
     against ~2 us through chiptrace.recording.rows)."""
-    attrs = list(map(_seventh, rows))
+    attrs = list(map(site_row_attributes, rows))
     if not all(map(_TYPED_KEYS.isdisjoint, attrs)):
         return _attributes_json_slow(attrs)
     try:  # vocab.dumps without its Python frame: ~0.15 us a row less
@@ -222,7 +232,7 @@ def _as_rich(row: tuple[Any, ...]) -> tuple[Any, ...]:
     """A site row as a general one (its site's decorator set static attributes, or its
     attributes need checking per span)."""
     i = row[0]
-    attrs = row[7] if len(row) > PLAIN_LEN else None
+    attrs = site_row_attributes(row) if len(row) > PLAIN_LEN else None
     return (_sites.TAGS[i], *row[1:7], _sites.NAMES[i], _sites.KINDS[i], 0, None, attrs, None, None)
 
 
@@ -254,12 +264,12 @@ class Converter:
         lengths = set(map(len, rows))
         if lengths == {PLAIN_LEN}:
             rich = self._add_plain(rows)
-        elif lengths == {SITE_LEN}:
+        elif RICH_LEN not in lengths and PLAIN_LEN not in lengths:
             rich = self._add_site_rows(rows)
         else:
-            rich = [r for r in rows if len(r) > SITE_LEN]
+            rich = [r for r in rows if len(r) == RICH_LEN]
             rich += self._add_plain([r for r in rows if len(r) == PLAIN_LEN])
-            rich += self._add_site_rows([r for r in rows if len(r) == SITE_LEN])
+            rich += self._add_site_rows([r for r in rows if is_site_row(r)])
         for start in range(0, len(rich), RICH_SLICE):
             if start and self.pause is not None:
                 self.pause()

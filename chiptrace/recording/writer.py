@@ -130,13 +130,13 @@ def row_bytes(rows: list[Any]) -> int:
     measured = 0
     sampled = rows[::SAMPLE]
     for row in sampled:
-        if len(row) <= 8:  # plain, or a site row with attributes (chiptrace.recording.fastrows)
-            measured += PLAIN_ROW_BYTES
-            parts = row[7:]
-        else:
-            measured += RICH_ROW_BYTES
-            parts = row[11:14]
-        for part in parts:  # attributes, events, links
+        if len(row) != 14:  # plain, or a site row: attributes flat after seven ints
+            values = row[8::2]
+            measured += PLAIN_ROW_BYTES + ITEM_BYTES * len(values)
+            measured += sum(len(v) for v in values if isinstance(v, str))
+            continue
+        measured += RICH_ROW_BYTES
+        for part in row[11:14]:  # attributes, events, links
             if part:
                 measured += ITEM_BYTES * len(part)
                 if isinstance(part, dict):
