@@ -65,11 +65,17 @@ def strings(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str | Non
 def ints(col: pa.Array | pa.ChunkedArray, fill: int | None = None) -> np.ndarray:
     if fill is not None:
         col = col.fill_null(fill)
-    return (
-        col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        if isinstance(col, pa.Array)
-        else np.asarray(col.to_numpy(), dtype=np.int64)
-    )
+    if isinstance(col, pa.ChunkedArray):  # chunk by chunk: its to_numpy() imports pandas
+        if col.num_chunks == 1:
+            col = col.chunk(0)
+        else:
+            parts = [c.to_numpy(zero_copy_only=False) for c in col.chunks]
+            return (
+                np.concatenate(parts).astype(np.int64, copy=False)
+                if parts
+                else np.zeros(0, np.int64)
+            )
+    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
 def direction_key(link_id: str, link_type: str, src: str | None, dst: str | None) -> str:
