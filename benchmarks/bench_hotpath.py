@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import Figure, machine, save  # noqa: E402
 
 import chiptrace  # noqa: E402
-from chiptrace import _sites  # noqa: E402
+from chiptrace.recording import sites as _sites  # noqa: E402
 
 Fn = Callable[[], object]
 
