@@ -219,3 +219,16 @@ def test_span_attributes_ride_a_site_row_checked_where_they_must_be(trace_dir: P
     assert got["empty"]["attributes"] is None
     assert got["decorated"]["attributes"] == {"static": 1, "dynamic": 2}
     assert "bad" not in got and rec.spans_rejected == 1
+
+
+@pytest.mark.parametrize("pairs", [[("a", 1)], [("a", 1), ("b", "x")], None])
+def test_site_rows_attributes_read_back_whatever_their_lengths(pairs: list | None) -> None:
+    from chiptrace.recording.fastrows import _all_attributes, site_row_attributes
+
+    one = [(1, 2, 3, i, 5, 6, 7, "a", i) for i in range(3)]
+    rows = one if pairs is None else [(1, 2, 3, i, 5, 6, 7, *sum(pairs, ())) for i in range(3)]
+    if pairs is None:  # mixed lengths: one attribute and two
+        rows = one + [(1, 2, 3, 9, 5, 6, 7, "a", 1, "b", 2)]
+    assert _all_attributes(rows) == [site_row_attributes(r) for r in rows]
+    want = {"a": 1, "b": 2} if pairs is None else dict(pairs)
+    assert _all_attributes(rows)[-1] == want
