@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar, overload
 
@@ -55,7 +54,6 @@ __all__ = [
 ]
 
 
-_flatten = itertools.chain.from_iterable
 _site_index = _sites._index  # site numbers by (name, id(tags), kind); read without a lock
 _tags = _sites.tags  # interned by value: one Tags per distinct chip/link/op/precision
 
@@ -394,12 +392,21 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
             elif attrs is None:
                 row = (site, s.trace_hi, s.trace_lo, s.span_id, s.parent_id, s.start_ns, end)
             else:
-                # The attributes flat in the row, key, value, key, value: a row that holds a
+                # The attributes flat in the row, the keys then the values: a row that holds a
                 # dict (or nested tuples) stays tracked by the garbage collector while it
                 # waits, and a million buffered cost ~0.6 s a full collection, a dozen of them
                 # per million spans; a flat row of atomic values is untracked at the first.
-                ids = (site, s.trace_hi, s.trace_lo, s.span_id, s.parent_id, s.start_ns, end)
-                row = (*ids, *_flatten(attrs.items()))
+                row = (
+                    site,
+                    s.trace_hi,
+                    s.trace_lo,
+                    s.span_id,
+                    s.parent_id,
+                    s.start_ns,
+                    end,
+                    *attrs,
+                    *attrs.values(),
+                )
         else:
             row = _row(s)
         rec = _STATE._recorder

@@ -11,7 +11,7 @@ The path a span takes, module by module (the public surface stays `chiptrace.api
    `Live` tuple (`live`) made by a wrapper compiled for its function (`wrappers`), a
    GPU-timed one (`device`); the ids, the context, the span limits.
 4. row, when it ends: a plain row of ints `(site, trace hi, trace lo, span id, parent,
-   start, end)`, a site row (the same, then the attributes flat: key, value, ...), or a general row
+   start, end)`, a site row (the same, then the attributes flat: keys, then values), or a general row
    (events, links, a status; `rows`). One list append into the recorder's chunk.
 5. writer (`chiptrace.recorder` buffers the chunks and runs the writer thread): `fastrows`
    turns plain and site rows into Arrow a slice at a time, `rows` checks general rows per

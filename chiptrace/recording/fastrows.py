@@ -6,7 +6,8 @@ A decorated call that sets nothing ends as a plain row, seven ints:
 
 (chiptrace.recording.sites numbers the sites). Plain rows convert with one np.fromiter a chunk
 and a NumPy take per column. A site row is a plain row followed by the span's attributes,
-flat (`span("step", attributes={"step": 3})` ends as `(site, ..., end, "step", 3)`): the
+flat, the keys then the values (`span("s", attributes={"step": 3, "phase": "fwd"})` ends
+as `(site, ..., end, "step", "phase", 3, "fwd")`): the
 same columns and the attributes' JSON. A general row (chiptrace.recording.rows, 14
 long) carries the rest, checked per span.
 
@@ -186,14 +187,16 @@ def plain_batch(
 
 
 def is_site_row(row: tuple[Any, ...]) -> bool:
-    """A plain row followed by attributes, key, value, ...: an odd length past 7 (a general
-    row is RICH_LEN, 14, long)."""
+    """A plain row followed by attributes, keys then values: an odd length past 7 (a
+    general row is RICH_LEN, 14, long)."""
     return len(row) & 1 == 1 and len(row) > PLAIN_LEN
 
 
 def site_row_attributes(row: tuple[Any, ...]) -> dict[str, Any]:
-    """The attributes a site row carries flat after its seven ints."""
-    return dict(zip(row[7::2], row[8::2]))
+    """The attributes a site row carries flat after its seven ints: the keys, then the
+    values."""
+    k = (len(row) - PLAIN_LEN) // 2
+    return dict(zip(row[PLAIN_LEN : PLAIN_LEN + k], row[PLAIN_LEN + k :]))
 
 
 def _all_attributes(rows: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
@@ -202,8 +205,9 @@ def _all_attributes(rows: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
     n = len(rows[0]) if rows else 0
     if any(len(r) != n for r in rows):
         return list(map(site_row_attributes, rows))
-    keys = operator.itemgetter(*range(7, n, 2))
-    vals = operator.itemgetter(*range(8, n, 2))
+    k = (n - PLAIN_LEN) // 2
+    keys = operator.itemgetter(*range(PLAIN_LEN, PLAIN_LEN + k))
+    vals = operator.itemgetter(*range(PLAIN_LEN + k, n))
     if n == 9:  # one attribute: the getters return the item, not a tuple
         return [{k: v} for k, v in zip(map(keys, rows), map(vals, rows))]
     return list(map(dict, map(zip, map(keys, rows), map(vals, rows))))

@@ -425,9 +425,9 @@ def _row(span: Span) -> tuple[Any, ...]:
             tid_hi, tid_lo, attrs = span.trace_hi, span.trace_lo, span.attributes
             if attrs is None:
                 return (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end)
-            # Flat, not the dict: see chiptrace.api.span.__exit__.
+            # Flat, the keys then the values, not the dict: see chiptrace.api.span.__exit__.
             ids = (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end)
-            return (*ids, *itertools.chain.from_iterable(attrs.items()))
+            return (*ids, *attrs, *attrs.values())
     tags = span.tags
     return (
         tags if tags.__class__ is not _sites.RawTags else tags[0],

@@ -130,8 +130,8 @@ def row_bytes(rows: list[Any]) -> int:
     measured = 0
     sampled = rows[::SAMPLE]
     for row in sampled:
-        if len(row) != 14:  # plain, or a site row: attributes flat after seven ints
-            values = row[8::2]
+        if len(row) != 14:  # plain, or a site row: keys then values after seven ints
+            values = row[7 + (len(row) - 7) // 2 :]
             measured += PLAIN_ROW_BYTES + ITEM_BYTES * len(values)
             measured += sum(len(v) for v in values if isinstance(v, str))
             continue

@@ -207,7 +207,7 @@ def test_span_attributes_ride_a_site_row_checked_where_they_must_be(trace_dir: P
     with chiptrace.span("bad", attributes={(1, 2): 3}):  # a key JSON cannot take
         pass
     decorated()
-    assert [len(r) for r in rec.cur[:4]] == [11, 11, 7, 9]  # flat: key, value, ...; {}: none
+    assert [len(r) for r in rec.cur[:4]] == [11, 11, 7, 9]  # flat: keys, values; {}: none
     gc.collect()  # flat rows of atomic values: the collector stops tracking them at once
     assert not any(gc.is_tracked(r) for r in rec.cur[:4])
     got = {r["name"]: r for r in _rows(trace_dir)}
@@ -226,9 +226,10 @@ def test_site_rows_attributes_read_back_whatever_their_lengths(pairs: list | Non
     from chiptrace.recording.fastrows import _all_attributes, site_row_attributes
 
     one = [(1, 2, 3, i, 5, 6, 7, "a", i) for i in range(3)]
-    rows = one if pairs is None else [(1, 2, 3, i, 5, 6, 7, *sum(pairs, ())) for i in range(3)]
+    flat = (*(k for k, _ in pairs or ()), *(v for _, v in pairs or ()))  # keys, then values
+    rows = one if pairs is None else [(1, 2, 3, i, 5, 6, 7, *flat) for i in range(3)]
     if pairs is None:  # mixed lengths: one attribute and two
-        rows = one + [(1, 2, 3, 9, 5, 6, 7, "a", 1, "b", 2)]
+        rows = one + [(1, 2, 3, 9, 5, 6, 7, "a", "b", 1, 2)]
     assert _all_attributes(rows) == [site_row_attributes(r) for r in rows]
     want = {"a": 1, "b": 2} if pairs is None else dict(pairs)
     assert _all_attributes(rows)[-1] == want
