@@ -34,6 +34,7 @@ from chiptrace.recording.spans import (
     _row,
     _set_context,
     _time_ns,
+    general_row,
 )
 from chiptrace.vocab import NO_TAGS, SPAN_KIND_INTERNAL, Tags
 
@@ -387,8 +388,8 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
             if site is None:
                 site = _sites.site(name, s.tags, s.kind)
             attrs = s.attributes
-            if site < 0:
-                row = _row(s)
+            if site < 0:  # no site number: a full table (or RawTags past the tag table)
+                row = general_row(s)
             elif attrs is None:
                 row = (site, s.trace_hi, s.trace_lo, s.span_id, s.parent_id, s.start_ns, end)
             else:

@@ -428,7 +428,14 @@ def _row(span: Span) -> tuple[Any, ...]:
             # Flat, the keys then the values, not the dict: see chiptrace.api.span.__exit__.
             ids = (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end)
             return (*ids, *attrs, *attrs.values())
+    return general_row(span)
+
+
+def general_row(span: Span) -> tuple[Any, ...]:
+    """An ended span's general row (chiptrace.recording.rows), for a span no site row
+    can carry: events, links, a status, or no site number (a full table)."""
     tags = span.tags
+    end = span.end_ns
     return (
         tags if tags.__class__ is not _sites.RawTags else tags[0],
         span.trace_hi,
