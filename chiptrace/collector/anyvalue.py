@@ -1,6 +1,6 @@
 """opentelemetry-proto `AnyValue` and `KeyValue` messages as Python values.
 
-Shared by the protobuf reader (wire.py: events, links, resources) and the decoder
+Shared by the protobuf reader (span_reader.py: events, links, resources) and the decoder
 (decode.py), which imports the reader: here, neither imports the other for them.
 """
 

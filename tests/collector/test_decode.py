@@ -15,7 +15,7 @@ import chiptrace
 from chiptrace._attributes import attributes as span_attributes
 from chiptrace.collector.anyvalue import MAX_VALUE_DEPTH, TRUNCATED
 from chiptrace.collector.decode import DecodeError, decode, decode_any_value
-from chiptrace.collector.wire import MAX_CACHED_BYTES, Caches, SpanReader
+from chiptrace.collector.span_reader import MAX_CACHED_BYTES, Caches, SpanReader
 from chiptrace.schema import COLUMNS, chip_type_of
 from tests.collector.test_collect import sample_request
 
