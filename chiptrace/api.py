@@ -387,7 +387,7 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         if s.events is None and s.links is None and not s.status_code and name.__class__ is str:
             site = _site_index.get((name, id(s.tags), s.kind))
             if site is None:  # a new site, or unchecked tags past a full table (no site)
-                site = -1 if s.tags.__class__ is _RawTags else _sites.site(name, s.tags, s.kind)
+                site = -1 if isinstance(s.tags, _RawTags) else _sites.site(name, s.tags, s.kind)
             attrs = s.attributes
             if site < 0:  # no site number: a full table (or RawTags past the tag table)
                 row = general_row(s)
