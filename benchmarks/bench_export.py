@@ -5,7 +5,7 @@ that parses every request with opentelemetry-proto and counts the spans):
 
 - chiptrace: `export_dirs(DIR, URL)`: DuckDB reads the Parquet parts, the encoder writes
   OTLP protobuf straight from the Arrow columns, HTTP/protobuf (and gRPC) sends it.
-- SDK: the same table -> `chiptrace._otel.batch_to_readable_spans` -> the SDK's
+- SDK: the same table -> `chiptrace.recording.otel_sinks.batch_to_readable_spans` -> the SDK's
   `OTLPSpanExporter` (HTTP/protobuf, its own encoder), in requests of the same size.
 
 It also times the encoders alone (bytes built, nothing sent) on the same spans.
@@ -75,7 +75,7 @@ def bench_chiptrace(trace_dir: Path, url: str, recv: Receiver) -> tuple[float, i
 def bench_sdk(table, url: str, recv: Receiver) -> tuple[float, int]:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from chiptrace._otel import batch_to_readable_spans
+    from chiptrace.recording.otel_sinks import batch_to_readable_spans
 
     exporter = OTLPSpanExporter(endpoint=url + "/v1/traces")
     before = recv.spans()
@@ -93,8 +93,8 @@ def bench_sdk(table, url: str, recv: Receiver) -> tuple[float, int]:
 def bench_encoders(table) -> tuple[float, float]:
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
 
-    from chiptrace._otel import batch_to_readable_spans
     from chiptrace.exporters.otlp_encode import encode_spans, requests
+    from chiptrace.recording.otel_sinks import batch_to_readable_spans
 
     t0 = time.perf_counter()
     for batch in table.to_batches(max_chunksize=65536):

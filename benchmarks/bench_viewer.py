@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _spans import emulator_like_batch, synthetic_span_dir  # noqa: E402
 
 from chiptrace.viewer.alerts import derive_alerts  # noqa: E402
-from chiptrace.viewer.model import HISTORY_CELLS, LiveModel  # noqa: E402
+from chiptrace.viewer.live_model import HISTORY_CELLS, LiveModel  # noqa: E402
 
 WINDOW_NS = 100_000_000  # the dashboard's window: 100 ms
 

@@ -2,7 +2,7 @@
 
 The one hand-written protobuf codec: varints, tags, lengths and fields, written by the OTLP
 exporter (and the collector's gRPC trailers) and read by the collector (`read_varint`,
-`fields`; its span scanners in collector/_pbwire.py build on them).
+`fields`; its span scanners in collector/_span_scan.py build on them).
 
 The OTLP encoder writes `Span`, `KeyValue` and `AnyValue` bytes itself instead of filling
 generated message objects: a message object costs microseconds per field, while most of a

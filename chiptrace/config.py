@@ -26,7 +26,7 @@ ENV_FLUSH_SPANS = "CHIPTRACE_FLUSH_SPANS"
 ENV_MAX_BUFFERED = "CHIPTRACE_MAX_BUFFERED"
 ENV_MAX_BUFFERED_BYTES = "CHIPTRACE_MAX_BUFFERED_BYTES"
 # How long exit (atexit, shutdown()) waits for the last flush and the sinks' close; what is
-# not written by then is counted as dropped in the manifest (a SIGTERM: chiptrace._exit).
+# not written by then is counted as dropped in the manifest (a SIGTERM: chiptrace.recording.exit_hooks).
 ENV_SHUTDOWN_TIMEOUT = "CHIPTRACE_SHUTDOWN_TIMEOUT"
 # Sinks other than the store (OpenTelemetry SpanExporters, OTLP) each run on a queue and
 # thread of their own: spans queued at most, and how long one export may take (the SDK's

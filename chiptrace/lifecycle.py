@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from chiptrace import _span
 from chiptrace import config as _config
-from chiptrace._span import _STATE
 from chiptrace.errors import ConfigError
 from chiptrace.recorder import Recorder, SpanSink, StoreSink, cancel_exit, on_exit
+from chiptrace.recording import spans as _span
+from chiptrace.recording.spans import _STATE
 
 
 class Sampler(Protocol):
@@ -69,7 +69,9 @@ def init(
 
     Keyword arguments win over CHIPTRACE_* / OTEL_* variables, which win over defaults.
     Without init(), the first traced call configures from the environment and writes
-    under ./chiptrace-traces/<run-id>/.
+    under ./chiptrace-traces/<run-id>/; its store, and NumPy and pyarrow with it, is set
+    up on the writer thread at the first flush (2 s in, or at exit). init() sets it up
+    now, so that ~0.2 s is paid before the program's work rather than beside it.
 
     Args:
         dir: the trace directory.
@@ -150,7 +152,7 @@ def _gil_enabled() -> bool:
     """False on a free-threaded CPython running without its GIL (3.13t and later).
 
     Why chiptrace refuses to record there: the hot path appends a row to the recorder's
-    current chunk without a lock (`cur = rec.cur; cur.append(row)`, chiptrace._wrap), and
+    current chunk without a lock (`cur = rec.cur; cur.append(row)`, chiptrace.recording.wrappers), and
     a thread that fills a chunk swaps in a new list and freezes the old one into a tuple
     (Recorder.roll). With the GIL no other thread runs between another thread's read of
     `rec.cur` and its append (the interpreter hands the GIL over only where it checks its
@@ -198,12 +200,15 @@ def _other_sinks(
 ) -> list[SpanSink]:
     """Every sink but the store, each on its own bounded queue and thread (_sinkqueue): a
     slow or hung exporter never holds up the store, the program or its exit."""
-    from chiptrace._sinkqueue import QueuedSink
+    from chiptrace.recording.sink_queue import QueuedSink
 
     out: list[Any] = list(sinks)
     exporters = list(exporters)
     if exporters or cfg.otlp_endpoint:
-        from chiptrace._otel import ExporterSink, sdk_otlp_sink  # the OTel SDK: only when asked
+        from chiptrace.recording.otel_sinks import (
+            ExporterSink,
+            sdk_otlp_sink,
+        )  # the OTel SDK: only when asked
 
         out += [ExporterSink(e, cfg) for e in exporters]
         if cfg.otlp_endpoint:

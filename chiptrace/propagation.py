@@ -23,8 +23,8 @@ from opentelemetry.propagate import get_global_textmap
 
 from chiptrace import api
 from chiptrace import config as _config
-from chiptrace._traceparent import ENV_TRACEPARENT, ENV_TRACESTATE, remote_parent_from_env
-from chiptrace._traceparent import W3C as _W3C
+from chiptrace.recording.traceparent import ENV_TRACEPARENT, ENV_TRACESTATE, remote_parent_from_env
+from chiptrace.recording.traceparent import W3C as _W3C
 
 P = ParamSpec("P")
 R = TypeVar("R")

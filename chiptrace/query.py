@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from chiptrace import _macros
 from chiptrace.errors import QueryError, SchemaVersionError, StoreError
@@ -206,6 +208,11 @@ def rows_problem(table: pa.Table) -> str | None:
     (NULL in a required column, JSON columns that are not JSON), or None. Only the
     columns `table` has are checked."""
     names = set(table.column_names)
+    if not names & set(_JSON_COLUMNS):  # no JSON to check: Arrow's null masks, no DuckDB
+        # (~60 ms a part less for the viewer's column subset)
+        masks = [table.column(c).is_null() for c in _REQUIRED if c in names]
+        n = pc.sum(functools.reduce(pc.or_, masks)).as_py() if masks else 0
+        return _rows_reason(n or 0, 0)
     nulls = " OR ".join(f"{c} IS NULL" for c in _REQUIRED if c in names) or "false"
     bad_json = " OR ".join(
         f"NOT coalesce(json_valid({c}), true)" for c in _JSON_COLUMNS if c in names

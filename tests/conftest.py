@@ -23,7 +23,10 @@ def spans_by_name(directory: Path) -> dict[str, list[dict]]:
     """Flush, then read every span back through DuckDB, grouped by name."""
     chiptrace.flush()
     con = chiptrace.connect(directory)
-    rows = con.sql("SELECT * FROM spans ORDER BY start_ns").to_arrow_table().to_pylist()
+    try:
+        rows = con.sql("SELECT * FROM spans ORDER BY start_ns").to_arrow_table().to_pylist()
+    finally:
+        con.close()  # a connection left to the garbage collector can be freed in a forked child
     out: dict[str, list[dict]] = {}
     for r in rows:
         out.setdefault(r["name"], []).append(r)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from chiptrace.viewer.model import Snapshot
+from chiptrace.viewer.live_model import Snapshot
 
 SATURATED = 0.90  # throughput / bandwidth, or busy fraction when no bandwidth is known
 IDLE = 0.05

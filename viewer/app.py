@@ -22,7 +22,7 @@ from textual.worker import get_current_worker
 
 from chiptrace.errors import ChiptraceError
 from chiptrace.viewer.alerts import Alert, derive_alerts, from_findings, merge
-from chiptrace.viewer.model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
+from chiptrace.viewer.live_model import DEFAULT_BUCKET_NS, LiveModel, Snapshot
 from chiptrace.viewer.queries import LiveStore
 from chiptrace.viewer.sources import Source, SpanFeed
 from chiptrace.viewer.widgets.dashboard import Dashboard

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from chiptrace.schema import CHIP_TYPES
 from chiptrace.store import usable_parts
 from chiptrace.viewer.alerts import Alert, derive_alerts
-from chiptrace.viewer.model import DEFAULT_BUCKET_NS, INGEST_COLUMNS, LiveModel, Snapshot
+from chiptrace.viewer.live_model import DEFAULT_BUCKET_NS, INGEST_COLUMNS, LiveModel, Snapshot
 from chiptrace.viewer.render import human_bytes_per_s, human_count, human_ns
 from chiptrace.viewer.sources import DirSource, SpanFeed, read_part
 

@@ -72,7 +72,7 @@ class OtlpSource:
         """--no-ui: receive until `stop` is set, then print the dashboard as text."""
         from chiptrace.viewer.alerts import derive_alerts
         from chiptrace.viewer.launch import summary_text
-        from chiptrace.viewer.model import LiveModel
+        from chiptrace.viewer.live_model import LiveModel
 
         model = LiveModel()
         print(

@@ -1,7 +1,7 @@
 """opentelemetry-proto `AnyValue` and `KeyValue` messages as Python values, and the span
 columns made of them (events, links, a resource).
 
-Shared by the protobuf reader (wire.py: events, links, resources) and the decoder
+Shared by the protobuf reader (span_reader.py: events, links, resources) and the decoder
 (decode.py), which imports the reader: here, neither imports the other for them.
 """
 

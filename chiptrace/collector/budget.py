@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
-from chiptrace.collector.wire import DEFAULT_CACHE_BYTES
+from chiptrace.collector.span_reader import DEFAULT_CACHE_BYTES
 from chiptrace.errors import ConfigError
 
 DEFAULT_MAX_MEMORY = 1 << 30

@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from chiptrace.collector.anyvalue import MAX_VALUE_DEPTH
 from chiptrace.collector.anyvalue import decode_any_value as decode_any_value  # its old home
 from chiptrace.collector.fastscope import DICT_COLUMNS
-from chiptrace.collector.wire import SpanReader, WireError
+from chiptrace.collector.span_reader import SpanReader, WireError
 from chiptrace.errors import ChiptraceError
 from chiptrace.schema import batch_from_columns, empty_batch, trace_ids_to_binary
 

@@ -1,4 +1,4 @@
-"""The CUDA device timer behind `device_time=True` (the extension point is chiptrace._device).
+"""The CUDA device timer behind `device_time=True` (the extension point is chiptrace.recording.device).
 
 Around a call: a timing CUDA event recorded on the current stream before it and one after
 (`cudaEventRecord`, a few microseconds of host time each; events are pooled per device).
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from chiptrace import _device
-from chiptrace._span import Span
 from chiptrace.recorder import Recorder
+from chiptrace.recording import device as _device
+from chiptrace.recording.spans import Span
 
 log = logging.getLogger("chiptrace")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from chiptrace._span import _STATE
+from chiptrace.recording.spans import _STATE
 from chiptrace.torch._window import RunSpans
 
 log = logging.getLogger("chiptrace")

@@ -45,7 +45,7 @@ def _batch_ids(batch: pa.RecordBatch) -> _Ids:
 
 
 def _row_ids(rows: list[Any]) -> _Ids:
-    """Ids and times of buffered span rows (chiptrace._fastrows: trace high and low
+    """Ids and times of buffered span rows (chiptrace.recording.fastrows: trace high and low
     halves, span id, parent, start and end at 1..6 in every row shape)."""
     n = len(rows)
     trace = np.empty((n, 16), np.uint8)

@@ -15,7 +15,7 @@ import chiptrace
 from chiptrace._attributes import attributes as span_attributes
 from chiptrace.collector.anyvalue import MAX_VALUE_DEPTH, TRUNCATED
 from chiptrace.collector.decode import DecodeError, decode, decode_any_value
-from chiptrace.collector.wire import MAX_CACHED_BYTES, Caches, SpanReader
+from chiptrace.collector.span_reader import MAX_CACHED_BYTES, Caches, SpanReader
 from chiptrace.schema import COLUMNS, chip_type_of
 from tests.collector.test_collect import sample_request
 
@@ -312,7 +312,7 @@ def _varied_request(n: int, bad_utf8: bool = True) -> bytes:
 
 
 def test_scopes_read_whole_equal_spans_read_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    import chiptrace.collector.wire as wire
+    import chiptrace.collector.span_reader as wire
 
     body = _varied_request(64)
     whole = decode(body)

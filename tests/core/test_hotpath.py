@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import json
 import re
 import threading
 import weakref
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 
 import chiptrace
-from chiptrace import _fastrows, _live
 from chiptrace.propagation import inject
+from chiptrace.recording import fastrows as _fastrows
+from chiptrace.recording import live as _live
 from chiptrace.schema import NO_TAGS
 
 
@@ -184,3 +186,50 @@ def test_a_decorated_calls_span_shows_its_start_and_ids(trace_dir: Path) -> None
     (row,) = [r for r in _rows(trace_dir) if r["name"] == "probe"]
     assert ctx.is_valid and recording and start == row["start_ns"]
     assert f"{ctx.span_id:016x}" == row["span_id"] and f"{ctx.trace_id:032x}" == row["trace_id"]
+
+
+def test_span_attributes_ride_a_site_row_checked_where_they_must_be(trace_dir: Path) -> None:
+    """`span(..., attributes=...)` buffers a site row and its dict (converted a slice at a
+    time, like a plain row); typed keys, static attributes and values JSON cannot take
+    still get the per-span checks of a general row."""
+    rec = chiptrace.get_recorder()
+
+    @chiptrace.trace(name="decorated", attributes={"static": 1})
+    def decorated() -> None:
+        chiptrace.current_span().set_attribute("dynamic", 2)
+
+    with chiptrace.span("plain", attributes={"step": 3, "phase": "fwd"}):
+        pass
+    with chiptrace.span("typed", chip="gpu:1", attributes={"op.bytes": 7, "k": "v"}):
+        pass
+    with chiptrace.span("empty", attributes={}):
+        pass
+    with chiptrace.span("bad", attributes={(1, 2): 3}):  # a key JSON cannot take
+        pass
+    decorated()
+    assert [len(r) for r in rec.cur[:4]] == [11, 11, 7, 9]  # flat: keys, values; {}: none
+    gc.collect()  # flat rows of atomic values: the collector stops tracking them at once
+    assert not any(gc.is_tracked(r) for r in rec.cur[:4])
+    got = {r["name"]: r for r in _rows(trace_dir)}
+    for r in got.values():
+        r["attributes"] = json.loads(r["attributes"]) if r["attributes"] else None
+    assert got["plain"]["attributes"] == {"step": 3, "phase": "fwd"}
+    assert got["typed"]["op_bytes"] == 7 and got["typed"]["chip_id"] == "gpu:1"
+    assert got["typed"]["attributes"] == {"k": "v"}
+    assert got["empty"]["attributes"] is None
+    assert got["decorated"]["attributes"] == {"static": 1, "dynamic": 2}
+    assert "bad" not in got and rec.spans_rejected == 1
+
+
+@pytest.mark.parametrize("pairs", [[("a", 1)], [("a", 1), ("b", "x")], None])
+def test_site_rows_attributes_read_back_whatever_their_lengths(pairs: list | None) -> None:
+    from chiptrace.recording.fastrows import _all_attributes, site_row_attributes
+
+    one = [(1, 2, 3, i, 5, 6, 7, "a", i) for i in range(3)]
+    flat = (*(k for k, _ in pairs or ()), *(v for _, v in pairs or ()))  # keys, then values
+    rows = one if pairs is None else [(1, 2, 3, i, 5, 6, 7, *flat) for i in range(3)]
+    if pairs is None:  # mixed lengths: one attribute and two
+        rows = one + [(1, 2, 3, 9, 5, 6, 7, "a", "b", 1, 2)]
+    assert _all_attributes(rows) == [site_row_attributes(r) for r in rows]
+    want = {"a": 1, "b": 2} if pairs is None else dict(pairs)
+    assert _all_attributes(rows)[-1] == want

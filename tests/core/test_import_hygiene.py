@@ -66,8 +66,8 @@ def test_init_streams_otlp_through_the_registered_sink(tmp_path, monkeypatch, re
     OpenTelemetry SDK's exporter."""
     import chiptrace
     from chiptrace import lifecycle
-    from chiptrace._otel import ExporterSink
     from chiptrace.exporters.otlp import OtlpSink
+    from chiptrace.recording.otel_sinks import ExporterSink
 
     if not registered:
         monkeypatch.setattr(lifecycle.EXTENSIONS, "otlp_sink", None)
@@ -127,7 +127,7 @@ def _copy_checkout(tmp_path: Path) -> Path:
         # The store below the exporters (a layer violation).
         ("chiptrace/store.py", "import chiptrace.exporters.chrome", "Layers"),
         # A mapped folder: the viewer below the CLI, seen through the link tree.
-        ("viewer/model.py", "import chiptrace.cli", "Layers"),
+        ("viewer/live_model.py", "import chiptrace.cli", "Layers"),
         # Textual outside the viewer and the CLI.
         ("chiptrace/analysis/report.py", "import textual", "Textual only"),
         # `import chiptrace` would load the analysis.

@@ -66,3 +66,27 @@ def test_buffer_is_bounded_in_bytes(tmp_path: Path) -> None:
         assert 0 < kept < 5000 and kept + rec.dropped == 5000
     finally:
         chiptrace.shutdown()
+
+
+def test_a_full_tag_table_checks_new_tags_on_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from chiptrace.recording import sites as _sites
+
+    out = tmp_path / "t"
+    rec = chiptrace.init(out, flush_interval_s=3600)
+    assert rec is not None
+    monkeypatch.setattr(_sites, "MAX_TAGS", len(_sites._by_value))  # full from now on
+    try:
+        with chiptrace.span("xfer", link="nvlink6:gpu:900-gpu:901"):
+            pass
+        with chiptrace.span("bad", link="warp9:gpu:0-gpu:1"):  # no ChipError at the call
+            pass
+        rows = spans_by_name(out)
+    finally:
+        monkeypatch.undo()
+        chiptrace.shutdown()
+    (x,) = rows["xfer"]
+    assert (x["link_type"], x["link_src"], x["link_dst"]) == ("nvlink6", "gpu:900", "gpu:901")
+    assert x["op_kind"] == "comm" and "bad" not in rows
+    assert rec.spans_rejected == 1

@@ -114,7 +114,7 @@ def test_chip_id_set_on_the_span_brings_its_type(trace_dir: Path) -> None:
 
 
 def test_an_ended_span_is_read_only_with_one_warning(trace_dir: Path, caplog, monkeypatch) -> None:
-    monkeypatch.setattr(chiptrace._span, "_warned_ended", False)  # once per process
+    monkeypatch.setattr(chiptrace.recording.spans, "_warned_ended", False)  # once per process
     with chiptrace.span("done") as s:
         s.set_attribute("kept", 1)
     with caplog.at_level(logging.WARNING, logger="chiptrace"):
@@ -196,3 +196,28 @@ def test_trace_on_a_class_is_a_one_line_type_error() -> None:
     assert "\n" not in str(e.value)
     with pytest.raises(TypeError, match="expects a function"):
         chiptrace.trace("a name")
+
+
+def test_a_flush_of_many_batches_is_one_row_group_with_dictionary_pages(tmp_path: Path) -> None:
+    """The flush hands the store its batches as chunks (not combined first): the part is
+    still one row group, its names dictionary-encoded, every span in it."""
+    import pyarrow.parquet as pq
+
+    rec = chiptrace.init(tmp_path / "t", flush_interval_s=3600, flush_spans=10**9)
+
+    @chiptrace.trace(chip="gpu:0")
+    def op() -> None:
+        pass
+
+    for i in range(20_000):  # ~5 batches of 4,096 plain rows, and site rows beside them
+        op()
+        if i % 7 == 0:
+            with chiptrace.span("step", attributes={"i": i}):
+                pass
+    assert rec.flush() == 20_000 + 20_000 // 7 + 1
+    (part,) = part_files(tmp_path / "t")
+    meta = pq.ParquetFile(part).metadata
+    assert meta.num_row_groups == 1 and meta.num_rows == 20_000 + 20_000 // 7 + 1
+    name = meta.row_group(0).column(meta.schema.to_arrow_schema().names.index("name"))
+    assert "RLE_DICTIONARY" in name.encodings
+    chiptrace.shutdown()

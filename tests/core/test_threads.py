@@ -65,3 +65,21 @@ def test_free_threaded_python_refuses_with_one_line(
         monkeypatch.undo()
         chiptrace.init(tmp_path / "u", enabled=True)
         chiptrace.shutdown()
+
+
+def test_shutdown_from_a_thread_while_the_main_thread_flushes(tmp_path: Path) -> None:
+    rec = chiptrace.init(tmp_path / "t", flush_interval_s=3600)
+    assert rec is not None
+    for _ in range(20_000):
+        with chiptrace.span("w"):
+            pass
+    stopper = threading.Thread(target=rec.shutdown, kwargs={"timeout_s": 30})
+    stopper.start()
+    while stopper.is_alive():
+        rec.flush(timeout_s=30)  # racing the shutdown's own last flush: neither waits forever
+    stopper.join()
+    chiptrace.shutdown()
+    assert rec._done.is_set() and not rec.gave_up and rec.dropped == 0
+    con = chiptrace.connect(tmp_path / "t")
+    assert con.sql("SELECT count(*) FROM spans").fetchall()[0][0] == 20_000
+    con.close()

@@ -9,7 +9,7 @@ import pytest
 
 from chiptrace.emulator import load_topology
 from chiptrace.topology import merge_topologies, parse_topology
-from chiptrace.viewer.model import LiveModel
+from chiptrace.viewer.live_model import LiveModel
 
 # Spellings older writers used: a JSON string, a table by id, gigabit and microsecond keys,
 # a link without a type, an entry without an id (skipped).

@@ -13,9 +13,9 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from chiptrace import _protowire as _wire
-from chiptrace._otel import batch_to_readable_spans
 from chiptrace.collector.decode import decode_any_value
 from chiptrace.exporters.otlp_encode import encode_request, encode_spans, requests
+from chiptrace.recording.otel_sinks import batch_to_readable_spans
 from tests.exporters.conftest import stored_table
 
 

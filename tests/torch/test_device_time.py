@@ -17,7 +17,7 @@ import time
 import pytest
 
 import chiptrace
-from chiptrace import _device
+from chiptrace.recording import device as _device
 from tests.torch.conftest import read_spans
 
 

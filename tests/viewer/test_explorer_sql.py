@@ -71,16 +71,23 @@ async def test_sql_console_runs_and_shows_errors(rack_dir: Path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("s")
         console = app.query_one(SqlConsole)
+        box = app.query_one("#sql-input")
+        # The tab moves the focus to the input a moment later: keys typed before would go
+        # to the app's bindings (s, e, t, ...), not into the query.
+        await until(pilot, lambda: app.focused is box, "the SQL input focused")
         await pilot.press(*"select count(*) as n from spans")
+        await until(
+            pilot, lambda: box.value == "select count(*) as n from spans", "the query typed"
+        )
         await pilot.press("enter")
         grid = app.query_one("#sql-result")
         await until(pilot, lambda: grid.row_count == 1, "the query result")
         await until(pilot, lambda: "8120" in screen_text(app), "the result on screen")
-        app.query_one("#sql-input").value = "selec nonsense"
+        box.value = "selec nonsense"
+        await until(pilot, lambda: app.focused is box, "the SQL input still focused")
         await pilot.press("enter")
         await until(pilot, lambda: console.has_class("-error"), "the query error")
         await until(pilot, lambda: "SQL error" in screen_text(app), "the error on screen")
-        box = app.query_one("#sql-input")
         await pilot.press("up")
         await until(pilot, lambda: box.value == "selec nonsense", "the last query back")
         await pilot.press("up")

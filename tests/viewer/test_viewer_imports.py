@@ -19,7 +19,9 @@ def test_core_and_cli_do_not_import_textual() -> None:
 
 
 def test_model_does_not_import_textual() -> None:
-    assert "textual" not in _modules_after("import chiptrace.viewer.model, chiptrace.viewer.alerts")
+    assert "textual" not in _modules_after(
+        "import chiptrace.viewer.live_model, chiptrace.viewer.alerts"
+    )
 
 
 def test_viewer_imports_textual() -> None:

@@ -47,3 +47,29 @@ async def some_refreshes(pilot, n: int = 5) -> None:  # noqa: ANN001
     app = pilot.app
     start = app.refreshes
     await until(pilot, lambda: app.refreshes >= start + n, f"{n} dashboard refreshes")
+
+
+async def steady_screen(pilot, ignore: str = "spans/s") -> str:  # noqa: ANN001
+    """The screen once two dashboard refreshes in a row draw the same text (lines
+    holding `ignore`, a rate, left out): a shot taken while the app still lays out,
+    repaints or ingests differs from the next one on a loaded machine."""
+    app = pilot.app
+
+    def text() -> str:
+        return "\n".join(line for line in screen_text(app).splitlines() if ignore not in line)
+
+    shots: list[str] = []
+
+    def same_twice() -> bool:
+        shots.append(text())
+        return len(shots) >= 2 and shots[-1] == shots[-2]
+
+    async def refreshed_and_same() -> bool:
+        await some_refreshes(pilot, 1)
+        return same_twice()
+
+    deadline = time.monotonic() + SETTLE_S
+    while not await refreshed_and_same():
+        if time.monotonic() > deadline:
+            raise AssertionError("viewer did not settle: the same screen twice in a row")
+    return shots[-1]

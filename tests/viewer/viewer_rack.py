@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
 from chiptrace.store import PartWriter
-from chiptrace.viewer.model import INGEST_COLUMNS
+from chiptrace.viewer.live_model import INGEST_COLUMNS
 
 T0 = 1_700_000_000_000_000_000
 STEP_NS = 100_000_000  # 100 ms steps

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from chiptrace.viewer.model import SeriesRow
+from chiptrace.viewer.live_model import SeriesRow
 from chiptrace.viewer.render import bar, percent, sparkline
 from chiptrace.viewer.widgets.panel import Panel
 

@@ -7,7 +7,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 
 from chiptrace.schema import CHIP_TYPES
 from chiptrace.viewer.alerts import Alert
-from chiptrace.viewer.model import Snapshot
+from chiptrace.viewer.live_model import Snapshot
 from chiptrace.viewer.widgets.alert_panel import AlertPanel
 from chiptrace.viewer.widgets.chip_panel import ChipTypePanel
 from chiptrace.viewer.widgets.link_panel import LinkPanel

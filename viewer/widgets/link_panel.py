@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chiptrace.viewer.model import SeriesRow
+from chiptrace.viewer.live_model import SeriesRow
 from chiptrace.viewer.render import bar, human_bytes_per_s, percent, sparkline
 from chiptrace.viewer.widgets.panel import Panel
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.markup import escape
 
-from chiptrace.viewer.model import SlowSpan
+from chiptrace.viewer.live_model import SlowSpan
 from chiptrace.viewer.render import human_ns
 from chiptrace.viewer.widgets.panel import Panel
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.markup import escape
 
-from chiptrace.viewer.model import Snapshot
+from chiptrace.viewer.live_model import Snapshot
 from chiptrace.viewer.render import human_count, human_ns
 from chiptrace.viewer.widgets.panel import Panel
 

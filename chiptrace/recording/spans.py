@@ -4,9 +4,9 @@ A chiptrace span lives in OpenTelemetry's own context variable, so it nests with
 from any other OpenTelemetry instrumentation in both directions; the contexts chiptrace
 sets are plain dicts (OpenTelemetry reads them with `.get`, as it reads its own).
 
-When a span ends it becomes a row, a tuple of ints (chiptrace._fastrows) or, when it
-carries attributes, events or a status, a general row (chiptrace._rows); the span object
-itself is not kept. A decorated function's span (chiptrace._wrap) is smaller still: a
+When a span ends it becomes a row, a tuple of ints (chiptrace.recording.fastrows) or, when it
+carries attributes, events or a status, a general row (chiptrace.recording.rows); the span object
+itself is not kept. A decorated function's span (chiptrace.recording.wrappers) is smaller still: a
 `Live` tuple of its ids, made only so that children and OpenTelemetry can find it.
 
 Ids: span ids come from a per-process counter started at a random point (unique in the
@@ -32,10 +32,10 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from chiptrace import _sites, _wrap
 from chiptrace import config as _config
-from chiptrace._traceparent import remote_parent_from_env
 from chiptrace.errors import ConfigError
+from chiptrace.recording import sites as _sites
+from chiptrace.recording.traceparent import remote_parent_from_env
 from chiptrace.vocab import (
     SPAN_KIND_CLIENT,
     SPAN_KIND_CONSUMER,
@@ -56,6 +56,12 @@ _rng = random.Random()
 _randbits = _rng.getrandbits
 _MASK64 = (1 << 64) - 1
 
+# The process state as the compiled @trace wrappers read it: their globals dict, which
+# chiptrace.recording binds to chiptrace.recording.wrappers (with the functions they call)
+# and this module keeps current: the enabled flag and the recorder (_State's setters: ON,
+# OFF, REC, REMOTE) and the id counter and trace-id high half (_reseed_ids: new_id, HI).
+WRAPPER_GLOBALS: dict[str, Any] = {"ON": False, "OFF": False, "REC": None, "REMOTE": None}
+
 
 def _reseed_ids() -> None:
     """A new id counter and trace-id high half (at import, and in a forked child, which
@@ -65,7 +71,7 @@ def _reseed_ids() -> None:
     # Started below 2**63: a process would need 2**62 spans to reach the end of the range.
     _new_id = itertools.count(_randbits(62) + 1).__next__
     _TRACE_HI = _randbits(64) or 1
-    _wrap.G.update(new_id=_new_id, HI=_TRACE_HI)
+    WRAPPER_GLOBALS.update(new_id=_new_id, HI=_TRACE_HI)
 
 
 _new_id: Callable[[], int]
@@ -106,8 +112,8 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 class _State:
     """Process-wide tracing state; one instance, read on every call. `enabled` and
-    `recorder` are mirrored into the globals of the decorator wrappers (chiptrace._wrap),
-    where a read is one cached global load."""
+    `recorder` are mirrored into WRAPPER_GLOBALS, where a compiled wrapper's read is one
+    cached global load."""
 
     _enabled: bool = True
     _recorder: Recorder | None = None
@@ -127,8 +133,8 @@ class _State:
     @enabled.setter
     def enabled(self, value: bool) -> None:
         self._enabled = bool(value)
-        _wrap.G["OFF"] = not self._enabled
-        _wrap.G["ON"] = self._enabled and self._recorder is not None
+        WRAPPER_GLOBALS["OFF"] = not self._enabled
+        WRAPPER_GLOBALS["ON"] = self._enabled and self._recorder is not None
 
     @property
     def remote_root(self) -> tuple[int, int] | None:
@@ -138,7 +144,7 @@ class _State:
     @remote_root.setter
     def remote_root(self, value: tuple[int, int] | None) -> None:
         self._remote_root = value
-        _wrap.G["REMOTE"] = value
+        WRAPPER_GLOBALS["REMOTE"] = value
 
     @property
     def recorder(self) -> Recorder | None:
@@ -147,10 +153,10 @@ class _State:
     @recorder.setter
     def recorder(self, value: Recorder | None) -> None:
         self._recorder = value
-        _wrap.G["REC"] = value
+        WRAPPER_GLOBALS["REC"] = value
         # A decorated call sees ON false until a recorder runs, and starts one (_start)
         # before it reads its clock: chiptrace's start-up never lands inside a span.
-        _wrap.G["ON"] = self._enabled and value is not None
+        WRAPPER_GLOBALS["ON"] = self._enabled and value is not None
 
 
 def _start() -> bool:
@@ -377,7 +383,7 @@ def _parent_ids(parent: Any, sid: int) -> tuple[int, int, int]:
     if parent.__class__ is Span:
         return parent.trace_hi, parent.trace_lo, parent.span_id
     if isinstance(parent, tuple):
-        # A decorated call's Live span (chiptrace._live), the one span that is a tuple;
+        # A decorated call's Live span (chiptrace.recording.live), the one span that is a tuple;
         # told by its shape, since _live builds on this module and is imported after it.
         return parent[0], parent[1], parent[2]
     if parent is None:
@@ -405,21 +411,33 @@ def _open(name: str, tags: Tags, kind: int) -> tuple[Span, Any]:
 
 
 def _row(span: Span) -> tuple[Any, ...]:
-    """The buffered row of an ended span: plain when it carries nothing but its site."""
+    """The buffered row of an ended span: plain when it carries nothing but its site and
+    perhaps attributes (chiptrace.recording.fastrows), else general (chiptrace.recording.rows)."""
     end = span.end_ns
     if (
-        span.attributes is None
-        and span.events is None
+        span.events is None
         and span.links is None
         and span.status_code == STATUS_UNSET
         and end.__class__ is int
     ):
         site = _sites.site(span.name, span.tags, span.kind)
         if site >= 0:
-            tid_hi, tid_lo = span.trace_hi, span.trace_lo
-            return (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end)
+            tid_hi, tid_lo, attrs = span.trace_hi, span.trace_lo, span.attributes
+            if attrs is None:
+                return (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end)
+            # Flat, the keys then the values, not the dict: see chiptrace.api.span.__exit__.
+            ids = (site, tid_hi, tid_lo, span.span_id, span.parent_id, span.start_ns, end)
+            return (*ids, *attrs, *attrs.values())
+    return general_row(span)
+
+
+def general_row(span: Span) -> tuple[Any, ...]:
+    """An ended span's general row (chiptrace.recording.rows), for a span no site row
+    can carry: events, links, a status, or no site number (a full table)."""
+    tags = span.tags
+    end = span.end_ns
     return (
-        span.tags,
+        tags if tags.__class__ is not _sites.RawTags else tags[0],
         span.trace_hi,
         span.trace_lo,
         span.span_id,

@@ -4,13 +4,16 @@ A decorated function, or a `span("name", chip=...)` call site, produces spans th
 only in ids and times. The row it buffers carries the site's small number instead of the
 name and the Tags object, so a row is a tuple of ints (which the garbage collector stops
 tracking), and the writer thread turns the site numbers into columns with one NumPy take
-per column (chiptrace._fastrows) instead of a Python loop per span.
+per column (chiptrace.recording.fastrows) instead of a Python loop per span.
 
 Tags are interned by their four strings (`tags`): the same chip/link/op/precision is the
 same Tags object however many spans name it, so a site keyed by the Tags' identity is a
 site keyed by value, and cycling the 5,112 link ids of a 72-GPU rack costs what 100 do
-once each has been seen. Both tables are bounded (MAX_TAGS, MAX_SITES): past the bound a
-span carries its name and tags in a general row, correct and slower.
+once each has been seen. Both tables are bounded (MAX_TAGS, MAX_SITES). Past MAX_TAGS a
+new tag set is not parsed on the program's thread at all: it travels as `RawTags` (its
+four strings) in a general row, and the writer checks it where it converts the row (a bad
+one costs its span, counted, instead of a ChipError at the call), so the overflow path
+costs what a known site does. Past MAX_SITES a span carries its name in a general row.
 
 Free threading: every write to the tables happens under `_lock`, and readers without the
 lock only ever look a key up in `_index`/`_by_value`, which is published last: a reader
@@ -41,21 +44,53 @@ _by_value: dict[tuple[str | None, str | None, str | None, str | None], Tags] = {
 }
 
 
+class RawTags(tuple):
+    """Tags not yet checked, for a full table: `(key,)`, key the plain tuple (chip, link,
+    op, precision). The span's row carries the key, not this object: the garbage collector
+    stops tracking a plain tuple of strings, and then the row holding it, but never an
+    instance of a tuple subclass, which would keep a million buffered rows in its scans.
+    The writer checks the key (`check`) where it converts the row."""
+
+    __slots__ = ()
+    attributes = None  # only a decorator's Tags carry static attributes
+
+    def checked(self) -> Tags:
+        """The Tags these values name.
+
+        Raises:
+            ChipError: an unknown chip, link, op kind or precision.
+        """
+        return check(self[0])
+
+    def __getattr__(self, name: str) -> Any:  # chip_type etc., for the rare reader
+        return getattr(self.checked(), name)
+
+
 def tags(chip: str | None, link: str | None, op: str | None, precision: str | None) -> Tags:
-    """The one Tags object of these values (checked once, when first seen).
+    """The one Tags object of these values (checked once, when first seen); a `RawTags`
+    once the table is full (see the module doc).
 
     Raises:
-        ChipError: an unknown chip, link, op kind or precision.
+        ChipError: an unknown chip, link, op kind or precision (while the table has room).
     """
     key = (chip, link, op, precision)
     found = _by_value.get(key)
     if found is not None:
         return found
-    built = Tags.build(chip=chip, link=link, op=op, precision=precision)
     if len(_by_value) >= MAX_TAGS:
-        return built  # the table is full: a Tags of its own, whose spans take general rows
+        return RawTags((key,))  # type: ignore[return-value]
+    built = Tags.build(chip=chip, link=link, op=op, precision=precision)
     with _lock:
         return _by_value.setdefault(key, built)
+
+
+def check(key: tuple[Any, ...]) -> Tags:
+    """The Tags of a RawTags' key (chip, link, op, precision), on the writer.
+
+    Raises:
+        ChipError: an unknown chip, link, op kind or precision.
+    """
+    return Tags.build(chip=key[0], link=key[1], op=key[2], precision=key[3])
 
 
 def site(name: Any, tags: Tags, kind: int) -> int:
@@ -67,7 +102,7 @@ def site(name: Any, tags: Tags, kind: int) -> int:
     found = _index.get(key)
     if found is not None:
         return found
-    if len(NAMES) >= MAX_SITES:
+    if len(NAMES) >= MAX_SITES or tags.__class__ is RawTags:
         return -1
     with _lock:
         found = _index.get(key)

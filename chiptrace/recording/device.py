@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from chiptrace import config as _config
-from chiptrace._span import (
+from chiptrace.errors import ConfigError
+from chiptrace.recording.spans import (
     _STATE,
     Span,
     _close,
@@ -33,12 +34,11 @@ from chiptrace._span import (
     _time_ns,
     new_span_id,
 )
-from chiptrace.errors import ConfigError
-from chiptrace.recorder import Recorder
 from chiptrace.vocab import Tags
 
 if TYPE_CHECKING:
     from chiptrace.api import span as ApiSpan
+    from chiptrace.recorder import Recorder
 
 R = TypeVar("R")
 log = logging.getLogger("chiptrace")

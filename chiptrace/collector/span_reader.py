@@ -2,7 +2,7 @@
 
 opentelemetry-proto's parser is C, but every field read from Python through its objects
 costs about half a microsecond, ~15 us a span in all. This reader walks the wire format
-itself (chiptrace._protowire, chiptrace.collector._pbwire) and touches each span's bytes once. What repeats is
+itself (chiptrace._protowire, chiptrace.collector._span_scan) and touches each span's bytes once. What repeats is
 decoded once, through caches keyed by the raw bytes and shared across requests: a
 `KeyValue` (`chip.id = gpu:3`), a status, and a span's whole set of generic attributes as
 JSON. What is rare (events, links, a value seen for the first time) goes through
@@ -23,7 +23,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from chiptrace._protowire import WireError, fields
-from chiptrace.collector._pbwire import scan_span, scope_fields, span_header
+from chiptrace.collector._span_scan import scan_span, scope_fields, span_header
 from chiptrace.collector.anyvalue import (
     RawValueReader,
     decode_any_value,

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from chiptrace.schema import CHIP_TYPES
 from chiptrace.topology import parse_topology
-from chiptrace.viewer._ring import Ring, direction_key, ints, natural, strings
+from chiptrace.viewer._ring import Ring, add_at, direction_key, ints, natural, strings, unique_rows
 from chiptrace.viewer.snapshot import SeriesRow, SlowSpan, Snapshot
 
 DEFAULT_BUCKET_NS = 10_000_000  # 10 ms: fine enough for a live rack, 4096 of them = 41 s
@@ -86,6 +86,9 @@ class LiveModel:
             # the report reads the same manifest with the same function (chiptrace.topology)
             topo = parse_topology(m)
             with self._lock:
+                self.chips.reserve(len(self.chips.meta) + len(topo.chips))
+                # Each link's two directions are rows of their own (see _ingest_links).
+                self.links.reserve(len(self.links.meta) + 2 * len(topo.links))
                 for cid, c in topo.chips.items():
                     if c.type in CHIP_TYPES:
                         self.chips.row(cid, type=c.type)
@@ -172,8 +175,9 @@ class LiveModel:
         scodes, svalues = strings(batch.column("link_src"))
         dcodes, dvalues = strings(batch.column("link_dst"))
         # A link direction is its own resource (links are full duplex).
-        combo = np.stack([codes, scodes, dcodes], axis=1)[mask]
-        uniq, first, inverse = np.unique(combo, axis=0, return_index=True, return_inverse=True)
+        uniq, first, inverse = unique_rows(
+            codes[mask], scodes[mask], dcodes[mask], (len(values), len(svalues), len(dvalues))
+        )
         tmask = tcodes[mask]
         rows = np.empty(len(uniq), dtype=np.int64)
         for i, (c, s, d) in enumerate(uniq):
@@ -186,7 +190,7 @@ class LiveModel:
             base = self.links.keys.get(lid)  # the other direction has the same bandwidth
             bw = self.links.meta[base].get("bandwidth") if base is not None else None
             rows[i] = self.links.row(key, type=ltype, src=src, dst=dst, bandwidth=bw)
-        r = rows[inverse.ravel()]
+        r = rows[inverse]
         s, e = start[mask], end[mask]
         nbytes = ints(batch.column("op_bytes"), fill=0)[mask].astype(np.float64)
         rate = nbytes / np.maximum(e - s, 1)  # bytes spread evenly over the transfer
@@ -209,7 +213,7 @@ class LiveModel:
         if instant is not None:  # zero-length transfers: all their bytes land in one bucket
             zero = keep & (e == s)
             if zero.any():
-                np.add.at(acc, (rows[zero], (s[zero] // b) % self.n_buckets), instant[zero])
+                add_at(acc, rows[zero], (s[zero] // b) % self.n_buckets, instant[zero])
         keep &= e > s
         if not keep.all():
             rows, s, e = rows[keep], s[keep], e[keep]
@@ -219,14 +223,14 @@ class LiveModel:
         k = (e - 1) // b - b0 + 1
         if (k == 1).all():  # the common case: a span within one bucket
             vals = (e - s).astype(np.float64)
-            np.add.at(acc, (rows, b0 % self.n_buckets), vals * rate if rate is not None else vals)
+            add_at(acc, rows, b0 % self.n_buckets, vals * rate if rate is not None else vals)
             return
         idx = np.repeat(b0, k) + (np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k))
         over = np.minimum(np.repeat(e, k), (idx + 1) * b) - np.maximum(np.repeat(s, k), idx * b)
         vals = over.astype(np.float64)
         if rate is not None:
             vals *= np.repeat(rate, k)
-        np.add.at(acc, (np.repeat(rows, k), idx % self.n_buckets), vals)
+        add_at(acc, np.repeat(rows, k), idx % self.n_buckets, vals)
 
     def _keep_slowest(self, batch: pa.RecordBatch, start: np.ndarray, end: np.ndarray) -> None:
         # Ops only: spans on a chip or link (a root span is as long as its whole step).

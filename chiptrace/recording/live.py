@@ -1,4 +1,4 @@
-"""The span of a decorated call while it runs (chiptrace._wrap): a `Live` tuple of its ids.
+"""The span of a decorated call while it runs (chiptrace.recording.wrappers): a `Live` tuple of its ids.
 
 A tuple, because making one is the least a Python object costs; it is what the context
 holds, so that children, `current_span()` and OpenTelemetry find the call's span. Writes
@@ -15,8 +15,8 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanContext, Status, StatusCode
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from chiptrace import _sites
-from chiptrace._span import (
+from chiptrace.recording import sites as _sites
+from chiptrace.recording.spans import (
     _SAMPLED,
     Span,
     _finish,
@@ -123,8 +123,8 @@ def _end_live(th: int, tl: int, sid: int, site: int, pid: int, start: int, end: 
 
 
 def bindings() -> dict[str, Any]:
-    """What the wrappers compiled by _wrap call: chiptrace.api binds them once, at import
-    (`_wrap.bind(**_live.bindings())`), before anything can be decorated. Here rather than
+    """What the wrappers compiled by chiptrace.recording.wrappers call: chiptrace.recording
+    binds them once, when it loads, before anything can be decorated. Here rather than
     in _span, which Live builds on."""
     return dict(
         Live=Live,

@@ -2,9 +2,9 @@
 
 Its source is generated with the function's own parameters (`def f(x, y=_d0, *, k)`
 calls `fn(x, y, k=k)`: no *args tuple or **kwargs dict per call) and its site number
-(chiptrace._sites: name, kind, tags) written in as a literal; everything else it reads
-is a global of one shared dict, G: the functions it calls, bound once by chiptrace.api
-(`bind`), and the process state chiptrace._span keeps current (the enabled flag, the
+(chiptrace.recording.sites: name, kind, tags) written in as a literal; everything else it reads
+is a global of one shared dict, G: the functions it calls and the process state
+chiptrace.recording.spans keeps current, bound once by chiptrace.recording (`bind`) (the enabled flag, the
 recorder, the id counter). A call then costs: a flag check, the parent from
 the context, an id, a `Live` tuple in a new context dict, two clock reads and one list
 append. Functions whose signature cannot be read (some builtins) get the same body
@@ -21,25 +21,27 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-# The compiled wrappers' globals. Two kinds: the functions and constants they call, bound
-# once by chiptrace.api (`bind`, from chiptrace._live.bindings()), and the process state
-# they read, which chiptrace._span keeps current as it changes (its _State setters: ON,
-# OFF, REC, REMOTE; its id reseed after fork: new_id, HI).
-G: dict[str, Any] = {"ON": False, "OFF": False, "REC": None, "REMOTE": None}
+# The compiled wrappers' globals: chiptrace.recording.spans.WRAPPER_GLOBALS (the process
+# state, kept current there), with the functions and constants the body calls added by
+# `bind`, which chiptrace.recording runs once, when the package loads. None until then.
+G: dict[str, Any] | None = None
 _CALLS = frozenset(
     "Live parent_ids EXTRA end_live fail_live record_first start get set reset now KEY".split()
 )
 
 
-def bind(**names: Any) -> None:
-    """Bind the functions and constants the compiled body calls (see G).
+def bind(state: dict[str, Any], **calls: Any) -> None:
+    """Make `state` (the process state the body reads) the compiled wrappers' globals,
+    with the functions and constants the body calls added to it.
 
     Raises:
-        TypeError: a name the body does not read, or one it reads left out.
+        TypeError: a name the body does not call, or one it calls left out.
     """
-    if set(names) != _CALLS:
-        raise TypeError(f"_wrap.bind: expected {sorted(_CALLS)}, got {sorted(names)}")
-    G.update(names)
+    global G
+    if set(calls) != _CALLS:
+        raise TypeError(f"wrappers.bind: expected {sorted(_CALLS)}, got {sorted(calls)}")
+    state.update(calls)
+    G = state
 
 
 _BODY = """
@@ -148,8 +150,10 @@ def _compiled(params: str, args: str, n_defaults: int, site: int) -> Any:
 
 def wrap(fn: Callable[..., Any], site: int) -> Callable[..., Any]:
     """The traced version of the plain function `fn`, whose spans are site `site`."""
-    if not _CALLS <= G.keys():
-        raise RuntimeError("chiptrace._wrap: bind() has not run (chiptrace.api binds it)")
+    if G is None:
+        raise RuntimeError(
+            "chiptrace.recording.wrappers: bind() has not run (chiptrace.recording runs it)"
+        )
     params, args, defaults = _signature(fn)
     namespace: dict[str, Any] = {}
     exec(_compiled(params, args, len(defaults), site), G, namespace)  # noqa: S102

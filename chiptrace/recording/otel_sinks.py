@@ -83,7 +83,7 @@ EXPORT_BATCH_SPANS = 512
 
 class ExporterSink:
     """Feeds any OpenTelemetry `SpanExporter`, on a thread of its own (lifecycle wraps it
-    in chiptrace._sinkqueue.QueuedSink), in calls of EXPORT_BATCH_SPANS spans."""
+    in chiptrace.recording.sink_queue.QueuedSink), in calls of EXPORT_BATCH_SPANS spans."""
 
     def __init__(self, exporter: Any, config: Config | None = None) -> None:
         self.exporter = exporter

@@ -68,7 +68,8 @@ def warm_up(constants: Mapping[str, Any]) -> None:
     writer thread that would hold the GIL while the program runs."""
     import pyarrow as pa
 
-    from chiptrace import _fastrows, _sites
+    from chiptrace.recording import fastrows as _fastrows
+    from chiptrace.recording import sites as _sites
     from chiptrace.schema import NO_TAGS, SPAN_SCHEMA
 
     site = _sites.site("chiptrace.warm-up", NO_TAGS, 1)
@@ -87,9 +88,9 @@ def convert(
     chunks: list[tuple[Any, ...]], constants: Mapping[str, Any], yielding: bool
 ) -> tuple[list[pa.RecordBatch], int, Mapping[int, str]]:
     """Rows to batches slice by slice; on the writer thread the GIL goes to the
-    program's threads between chunks (see chiptrace._fastrows). Returns the batches, the
+    program's threads between chunks (see chiptrace.recording.fastrows). Returns the batches, the
     spans a failed conversion cost, and {i: why} for the spans left out for a bad value."""
-    from chiptrace import _fastrows
+    from chiptrace.recording import fastrows as _fastrows
 
     conv = _fastrows.Converter(constants, _fastrows.pause if yielding else None)
     failed = 0
@@ -129,8 +130,10 @@ def row_bytes(rows: list[Any]) -> int:
     measured = 0
     sampled = rows[::SAMPLE]
     for row in sampled:
-        if len(row) == 7:
-            measured += PLAIN_ROW_BYTES
+        if len(row) != 14:  # plain, or a site row: keys then values after seven ints
+            values = row[7 + (len(row) - 7) // 2 :]
+            measured += PLAIN_ROW_BYTES + ITEM_BYTES * len(values)
+            measured += sum(len(v) for v in values if isinstance(v, str))
             continue
         measured += RICH_ROW_BYTES
         for part in row[11:14]:  # attributes, events, links

@@ -1,6 +1,6 @@
 """General span rows -> Arrow batches, off the traced program's hot path.
 
-Most spans end as a plain row of ints (chiptrace._fastrows converts those with NumPy).
+Most spans end as a plain row of ints (chiptrace.recording.fastrows converts those with NumPy).
 A span that carries more (attributes, events, links, a status, a renamed or unnumbered
 site) ends as a general row, a tuple in this order:
 
@@ -8,7 +8,9 @@ site) ends as a general row, a tuple in this order:
      status_code, status_message, attributes: dict | None, events: list | None,
      links: list | None)
 
-The values come from user code, so each one is checked here, per span.
+`tags` is a Tags, or past a full tag table the plain (chip, link, op, precision) tuple
+of a `_sites.RawTags`, checked here. The values come from user code, so each one is
+checked here, per span.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from chiptrace.errors import ChipError
+from chiptrace.recording.sites import check
 from chiptrace.schema import (
     ATTRIBUTE_COLUMNS,
     COLUMN_ATTRIBUTES,
+    NO_TAGS,
     TAG_COLUMNS,
     batch_from_columns,
     chip_type_of,
@@ -61,16 +66,39 @@ def _json_links(links: Sequence[Any]) -> str:
     )
 
 
-def _tag_columns(tags: Sequence[Any]) -> tuple[dict[str, pa.Array], list[Any], np.ndarray]:
+def _tag_columns(
+    tags: Sequence[Any], bad: dict[int, str]
+) -> tuple[dict[str, pa.Array], list[Any], np.ndarray]:
     """Tag columns from the few distinct Tags objects (one per decorator), gathered in C."""
     keys = list(map(id, tags))
     by_id = dict(zip(keys, tags))  # C-level loops only: this runs once per buffered span
     position = {k: i for i, k in enumerate(by_id)}
     uniq = list(by_id.values())
     idx = np.fromiter(map(position.__getitem__, keys), np.int32, len(keys))
+    _check_raw(uniq, idx, bad)
     take = pa.array(idx)
     cols = {c: pa.array([getattr(u, c) for u in uniq], pa.string()).take(take) for c in TAG_COLUMNS}
     return cols, uniq, idx
+
+
+def _check_raw(uniq: list[Any], idx: np.ndarray, bad: dict[int, str]) -> None:
+    """Tags a full table left unchecked (_sites.RawTags' key) checked here, once per value: a
+    bad one costs the spans that carry it."""
+    checked: dict[Any, Any] = {}
+    for j, u in enumerate(uniq):
+        if u.__class__ is not tuple:  # a Tags; a full table's unchecked ones are key tuples
+            continue
+        if u not in checked:
+            try:
+                checked[u] = check(u)
+            except ChipError as e:
+                checked[u] = e
+        got = checked[u]
+        if isinstance(got, ChipError):
+            for i in np.flatnonzero(idx == j).tolist():
+                bad.setdefault(i, str(got))
+            got = NO_TAGS
+        uniq[j] = got
 
 
 _INT64 = (-(2**63), 2**63 - 1)
@@ -242,7 +270,7 @@ def rows_to_batch(
     ]
     bad: dict[int, str] = {}
     checked = _checked_columns(field, bad)
-    tag_cols, uniq, tag_idx = _tag_columns(field["tags"])
+    tag_cols, uniq, tag_idx = _tag_columns(field["tags"], bad)
     attr_json, overrides = _attribute_columns(field["attributes"], uniq, tag_idx, bad)
     for i in bad:  # left out below: no typed override needs to convert for them
         for values in overrides.values():

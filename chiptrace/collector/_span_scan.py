@@ -1,7 +1,7 @@
 """The two OTLP span scanners over protobuf bytes (chiptrace._protowire owns the wire
 format itself: varints, fields, WireError).
 
-Plain functions over `bytes` and offsets, no message objects (see wire.py for why).
+Plain functions over `bytes` and offsets, no message objects (see span_reader.py for why).
 """
 
 from __future__ import annotations
