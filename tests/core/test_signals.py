@@ -61,9 +61,23 @@ _CHILD = textwrap.dedent(
 )
 
 
+def _as_a_shell_starts_it() -> None:
+    # A child inherits an ignored or blocked signal (Python then installs no
+    # KeyboardInterrupt); the test runner's state after other tests is not a program's.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def _start(out: Path, mode: str, *extra: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-c", _CHILD, str(out), mode, *extra]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_a_shell_starts_it,  # noqa: PLW1509 (no threads start before exec)
+    )
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return p
 
