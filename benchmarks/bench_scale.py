@@ -166,7 +166,7 @@ def figures(i1: Run, r1: Run, i2: Run, r2: Run, ranks: int) -> list[Figure]:
     worst = max(r.worker_mib for r in (i1, r1, i2, r2))
     return [
         Figure(
-            f"scale: import {ranks} rank files, 2 Dask workers",
+            f"import {ranks} rank files, 2 Dask workers",
             "s",
             i2.wall_s,
             i1.wall_s,
@@ -175,7 +175,7 @@ def figures(i1: Run, r1: Run, i2: Run, r2: Run, ranks: int) -> list[Figure]:
             "ratio",
         ),
         Figure(
-            f"scale: report of {ranks} ranks, 2 Dask workers",
+            f"report of {ranks} ranks, 2 Dask workers",
             "s",
             r2.wall_s,
             r1.wall_s,
@@ -183,7 +183,7 @@ def figures(i1: Run, r1: Run, i2: Run, r2: Run, ranks: int) -> list[Figure]:
             ">= 1.5",
             "ratio",
         ),
-        Figure("scale: largest Dask worker's peak memory", "MiB", worst, target="<= 2048"),
+        Figure("largest Dask worker's peak memory", "MiB", worst, target="<= 2048"),
     ]
 
 
