@@ -60,7 +60,8 @@ def _kind(x: RuleInput, culprit: str) -> str | None:
 
 # Rules that name a chip whose fix lies elsewhere: a GPU idle for its host's launches
 # (the host is what to speed up). They keep their own estimate. (A rank late at the
-# collectives is replayed: the ranks of a step are one graph, joined at them.)
+# collectives is replayed: the ranks of a step are one graph, joined at them; where the
+# replay finds no late start to remove, it keeps its measured wait: replay_savings.)
 OWN_ESTIMATE = frozenset({"launch-bound"})
 
 

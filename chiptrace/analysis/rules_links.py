@@ -19,17 +19,15 @@ from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.rules_chips import peer_group
 from chiptrace.analysis.savings import slowed_transfers_on_path
 from chiptrace.analysis.serving import back_ends
+from chiptrace.analysis.tables import COMPUTE_TYPES
 
 SATURATED = 0.70  # busy and moving data at >= 70% of the link's bandwidth
 BUSY = 0.30  # ... for at least 30% of the time
 REPORTED_SLOW = 0.95  # a link state below this fraction of the bandwidth is a slow link
 SLOW_LINK = 0.5  # achieved bandwidth under half that of links of the same type
 SMALL_MESSAGE = 64 * 1024  # latency dominates below this: achieved bandwidth says little
-MAX_TRANSFER_KEYS = 500_000
-CARRIERS = (
-    "nic",
-    "switch",
-)  # chip types that only move data  # spans read to tell a slow link from its neighbours
+MAX_TRANSFER_KEYS = 500_000  # spans read to tell a slow link from its neighbours
+CARRIERS = ("nic", "switch")  # chip types that only move data
 
 
 def _kind(chip: str | None) -> str:
@@ -201,16 +199,26 @@ def saturated_links(x: RuleInput, skip: set[str]) -> list[Finding]:
     return out
 
 
+def _link_states(x: RuleInput, state: str) -> list[dict[str, Any]]:
+    """The run's link-state telemetry (a fabric manager's, or the emulator's `link_state`):
+    the entries in `state` ("up", "down"). The injected `faults` are never read: they are
+    the answer, not a measurement."""
+    return [
+        s
+        for m in x.tables.manifests
+        for s in m.get("link_state") or []
+        if isinstance(s, dict) and s.get("state") == state
+    ]
+
+
 def reported_fractions(x: RuleInput) -> dict[str, float]:
-    """Links the run's link-state telemetry (a fabric manager's, or the emulator's
-    `link_state`) reports up at reduced bandwidth: id -> fraction of its bandwidth. The
-    injected `faults` are never read: they are the answer, not a measurement."""
-    out = {}
-    for m in x.tables.manifests:
-        for s in m.get("link_state") or []:
-            if isinstance(s, dict) and s.get("state") == "up" and s.get("bandwidth_fraction"):
-                out[str(s.get("link"))] = float(s["bandwidth_fraction"])
-    return out
+    """Links the link-state telemetry reports up at reduced bandwidth: id -> fraction of
+    its bandwidth."""
+    return {
+        str(s.get("link")): float(s["bandwidth_fraction"])
+        for s in _link_states(x, "up")
+        if s.get("bandwidth_fraction")
+    }
 
 
 def reported_slow(x: RuleInput, skip: set[str]) -> list[Finding]:
@@ -310,7 +318,7 @@ def link_down(x: RuleInput) -> list[Finding]:
         str(c)
         for f in out
         for c in f.evidence.get("chips_lost") or ()
-        if _kind(str(c)) in ("gpu", "npu")
+        if _kind(str(c)) in COMPUTE_TYPES
     }
     return out + _cut_off(x, active, uses, used, mine_or_all, told)
 
@@ -341,7 +349,7 @@ def _cut_off(
     for chip, own in links_of.items():
         if chip in active or any(lk.id in used for lk in own) or _kind(chip) in CARRIERS:
             continue  # a NIC or switch left unused carries no work of its own to miss
-        if chip in told or (serving and _kind(chip) in ("gpu", "npu")):
+        if chip in told or (serving and _kind(chip) in COMPUTE_TYPES):
             continue
         kind = _kind(chip)
         group = peer_group(x, chip, kind)
@@ -380,37 +388,34 @@ def chips_lost(x: RuleInput) -> list[Finding]:
     step time the job would gain per step's worth of work with them back."""
     t, out = x.tables, []
     owned = {_kind(c) for c in x.chips} if x.chips is not None else None
-    for m in t.manifests:
-        for s in m.get("link_state") or []:
-            if not isinstance(s, dict) or s.get("state") != "down":
-                continue
-            lost = [str(c) for c in s.get("chips_lost") or []]
-            kinds = {_kind(c) for c in lost}
-            devices = kinds & {"gpu", "npu"}  # a workload's own; a host's NIC is every one's
-            if not lost or (owned is not None and devices and not devices & owned):
-                continue
-            peers = sum(1 for c in t.topology.chips if _kind(c) in kinds)
-            # A GPU or NPU lost takes its share of the step's work; a host chip (NIC, DPU)
-            # takes none of it, and what its loss costs is not in the trace.
-            share = sum(_kind(c) in devices for c in lost) / max(peers, len(lost))
-            saving = x.step_ns * share if x.step_ns else 0.0
-            link = str(s.get("link"))
-            f = x.finding(
-                "link-down",
-                link,
-                {
-                    "carried_bytes": 0,
-                    "chips_lost": lost,
-                    "of_chips": peers,
-                    "cost_ms_per_step": ms(saving) if devices else "unknown: a host chip",
-                },
-                f"{link} is down and was the only path to {', '.join(lost)}: the job ran "
-                f"without {'it' if len(lost) == 1 else 'them'} ({len(lost)} of {peers}); "
-                "check the link (cable, lanes, firmware) or its state in the fabric manager",
-                saving,
-                severity_for(saving / x.step_ns if x.step_ns else 0.0),
-            )
-            out.append(_at_least_medium(f))
+    for s in _link_states(x, "down"):
+        lost = [str(c) for c in s.get("chips_lost") or []]
+        kinds = {_kind(c) for c in lost}
+        devices = kinds & set(COMPUTE_TYPES)  # a workload's own; a NIC is every one's
+        if not lost or (owned is not None and devices and not devices & owned):
+            continue
+        peers = sum(1 for c in t.topology.chips if _kind(c) in kinds)
+        # A GPU or NPU lost takes its share of the step's work; a host chip (NIC, DPU)
+        # takes none of it, and what its loss costs is not in the trace.
+        share = sum(_kind(c) in devices for c in lost) / max(peers, len(lost))
+        saving = x.step_ns * share if x.step_ns else 0.0
+        link = str(s.get("link"))
+        f = x.finding(
+            "link-down",
+            link,
+            {
+                "carried_bytes": 0,
+                "chips_lost": lost,
+                "of_chips": peers,
+                "cost_ms_per_step": ms(saving) if devices else "unknown: a host chip",
+            },
+            f"{link} is down and was the only path to {', '.join(lost)}: the job ran "
+            f"without {'it' if len(lost) == 1 else 'them'} ({len(lost)} of {peers}); "
+            "check the link (cable, lanes, firmware) or its state in the fabric manager",
+            saving,
+            severity_for(saving / x.step_ns if x.step_ns else 0.0),
+        )
+        out.append(_at_least_medium(f))
     return out
 
 
