@@ -115,13 +115,7 @@ class ChromeReader:
 
     def _unended(self) -> list[ev.Event]:
         """Each `B` still open, as a complete event up to the file's last timestamp."""
-        out = [
-            ev.Event(
-                "X", b.cat, b.name, b.pid, b.tid, b.ts, max(self._last - b.ts, 0.0), args=b.args
-            )
-            for stack in self._open.values()
-            for b in stack
-        ]
+        out = [_complete(b, max(self._last, b.ts)) for stack in self._open.values() for b in stack]
         self._open.clear()
         return out
 
@@ -139,10 +133,7 @@ class ChromeReader:
                 if not stack:
                     t.skipped["E without B"] += 1
                     continue
-                b = stack.pop()
-                done.append(
-                    ev.Event("X", b.cat, b.name, b.pid, b.tid, b.ts, e.ts - b.ts, args=b.args)
-                )
+                done.append(_complete(stack.pop(), e.ts))
             elif e.ph == "M":
                 t.metadata += 1
                 if e.name == "process_name":
@@ -249,3 +240,8 @@ def _hex_bytes(value: Any, size: int) -> bytes | None:
         )
     except ValueError:
         return None
+
+
+def _complete(b: ev.Event, end_ts: float) -> ev.Event:
+    """A `B` event as the complete (`X`) event it opened, ending at `end_ts`."""
+    return ev.Event("X", b.cat, b.name, b.pid, b.tid, b.ts, end_ts - b.ts, args=b.args)
