@@ -198,7 +198,7 @@ def emulate(
         if not effects.lost:
             raise
         gone = sorted({c for chips in effects.lost.values() for c in chips})
-        raise WorkloadError(f"{e} left: the downed links cut off {', '.join(gone)}") from None
+        raise WorkloadError(f"{e}; the downed links cut off {', '.join(gone)}") from None
     manifest = {
         "source": "emulator",
         "service": SERVICE,

@@ -135,7 +135,7 @@ def test_a_downed_uplink_names_the_uplink_not_the_devices_links(tmp_path: Path) 
 def test_every_device_cut_off_is_still_an_error(tmp_path: Path) -> None:
     from chiptrace.emulator.errors import WorkloadError
 
-    with pytest.raises(WorkloadError, match="has none left: the downed links cut off gpu:0, "):
+    with pytest.raises(WorkloadError, match="has none; the downed links cut off gpu:0, "):
         _emulate(
             tmp_path / "x",
             "pcie8",
