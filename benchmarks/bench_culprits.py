@@ -96,7 +96,7 @@ def run_case(case_seed: int, root: Path, only: tuple[str, ...] = ()) -> fc.Outco
 def _what_if(f: Any, topology: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The emulation of a bottleneck finding's fix: (chips twice as fast, links at twice
     their bandwidth); None where the fix is not one the emulator makes."""
-    from chiptrace.emulator.topology import load_topology
+    from chiptrace.emulator.topology_files import load_topology
 
     topo = load_topology(topology)
     how = str(f.evidence.get("what_if", ""))

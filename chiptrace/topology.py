@@ -1,6 +1,6 @@
 """The hardware model: chips and links with their nominal figures, and the one manifest reader.
 
-The emulator builds a Topology from a TOML declaration (emulator/topology.py) and records it
+The emulator builds a Topology from a TOML declaration (emulator/topology_files.py) and records it
 in its run manifest (`Topology.to_manifest`); the report (analysis) and the dashboard (viewer)
 read it back with `parse_topology`, so both see one manifest the same way. Decorated code
 usually records no topology: then `known` is false and rules compare chips and links with

@@ -47,7 +47,13 @@ from __future__ import annotations
 
 from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.diff import diff_reports
-from chiptrace.analysis.model import SEVERITIES, CriticalPath, Finding, PathSegment, sort_findings
+from chiptrace.analysis.findings import (
+    SEVERITIES,
+    CriticalPath,
+    Finding,
+    PathSegment,
+    sort_findings,
+)
 from chiptrace.analysis.report import Report
 from chiptrace.analysis.trace_analysis import RULES, TraceAnalysis, analyze, run_rules
 from chiptrace.topology import ChipSpec, LinkSpec, Topology, parse_topology

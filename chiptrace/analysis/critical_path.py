@@ -37,7 +37,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from chiptrace.analysis.model import CriticalPath, PathSegment
+from chiptrace.analysis.findings import CriticalPath, PathSegment
 
 _MIN_SLACK_NS = 2_000
 # Host calls that block until the device is done (CUDA, HIP, MTIA runtime names).

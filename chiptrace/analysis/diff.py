@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from chiptrace.analysis.model import SEVERITIES
+from chiptrace.analysis.findings import SEVERITIES
 
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from chiptrace.analysis.model import CriticalPath
+from chiptrace.analysis.findings import CriticalPath
 from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.tables import TraceTables
 

@@ -29,7 +29,7 @@ from collections import defaultdict
 from typing import Any
 
 from chiptrace.analysis import sweep as sweeping
-from chiptrace.analysis.model import Finding, severity_for
+from chiptrace.analysis.findings import Finding, severity_for
 from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.rules_links import reported_fractions
 from chiptrace.analysis.serving import back_ends, evaluate
@@ -150,7 +150,7 @@ def _priced(
     )
 
 
-# What the fix that priced a finding says it is (model.KINDS): a part back at its peers'
+# What the fix that priced a finding says it is (findings.KINDS): a part back at its peers'
 # speed or its nominal bandwidth was a fault; one that had to be made faster than the rack
 # has, a bottleneck. A fix not here keeps the rule's kind.
 _KIND = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chiptrace.analysis.model import CriticalPath, Finding
+from chiptrace.analysis.findings import CriticalPath, Finding
 from chiptrace.analysis.tables import TraceTables
 
 REPORT_VERSION = 2  # 2: findings carry step, saving_ms, saving_pct; workloads, endpoints

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from chiptrace.analysis.model import CriticalPath, Finding, severity_for
+from chiptrace.analysis.findings import CriticalPath, Finding, severity_for
 from chiptrace.analysis.steps import Step, step_groups
 from chiptrace.analysis.tables import TraceTables
 

@@ -12,7 +12,7 @@ import statistics
 from collections import defaultdict
 
 from chiptrace.analysis import steps as iv
-from chiptrace.analysis.model import Finding, severity_for
+from chiptrace.analysis.findings import Finding, severity_for
 from chiptrace.analysis.rule_input import RuleInput, ms, rank_z, robust_z
 from chiptrace.analysis.tables import COMPUTE_TYPES, HOST_TYPES
 from chiptrace.analysis.workloads import family

@@ -7,8 +7,8 @@ import statistics
 from collections import defaultdict
 
 from chiptrace.analysis import steps as iv
+from chiptrace.analysis.findings import Finding
 from chiptrace.analysis.metrics import HOST_COLLECTIVE
-from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.tables import COMPUTE_TYPES
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from chiptrace.analysis import host_side as hs
 from chiptrace.analysis.device_steps import comm_exposure, step_device
+from chiptrace.analysis.findings import Finding
 from chiptrace.analysis.host_side import ChipWait
-from chiptrace.analysis.model import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.tables import COMPUTE_TYPES
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 
 from chiptrace.analysis import host_side as hs
-from chiptrace.analysis.model import Finding
+from chiptrace.analysis.findings import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.rules_device import HOST_WAIT, LAUNCH_SHARE, launch_share
 

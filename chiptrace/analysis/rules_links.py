@@ -14,7 +14,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from chiptrace.analysis.model import Finding, severity_for
+from chiptrace.analysis.findings import Finding, severity_for
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.rules_chips import peer_group
 from chiptrace.analysis.savings import slowed_transfers_on_path

@@ -22,7 +22,7 @@ from collections import defaultdict
 from typing import Any
 
 from chiptrace.analysis.batcher import Batcher
-from chiptrace.analysis.model import Finding
+from chiptrace.analysis.findings import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.serving import back_ends
 

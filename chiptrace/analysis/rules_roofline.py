@@ -11,7 +11,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from chiptrace.analysis.model import Finding
+from chiptrace.analysis.findings import Finding
 from chiptrace.analysis.rule_input import RuleInput, ms
 from chiptrace.analysis.rules_chips import peer_group
 from chiptrace.analysis.workloads import family

@@ -16,7 +16,7 @@ from typing import Any
 
 from chiptrace.analysis import host_side as hs
 from chiptrace.analysis import steps as iv
-from chiptrace.analysis.model import Finding, severity_for
+from chiptrace.analysis.findings import Finding, severity_for
 from chiptrace.analysis.rule_input import RuleInput, ms, robust_z
 from chiptrace.analysis.workloads import family
 

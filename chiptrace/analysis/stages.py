@@ -33,8 +33,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from chiptrace.analysis.critical_path import critical_path
+from chiptrace.analysis.findings import CriticalPath
 from chiptrace.analysis.launch import launch_queue
-from chiptrace.analysis.model import CriticalPath
 from chiptrace.analysis.ranks import STEP_NAMES_SQL, rank_breakdown
 from chiptrace.analysis.steps import Step, load_steps
 

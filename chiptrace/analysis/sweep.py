@@ -17,7 +17,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
-from chiptrace.analysis.model import Finding
+from chiptrace.analysis.findings import Finding
 from chiptrace.analysis.rule_input import RuleInput
 from chiptrace.analysis.whatif import Change
 

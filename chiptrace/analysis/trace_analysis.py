@@ -22,8 +22,8 @@ from chiptrace.analysis import rules_run as rn
 from chiptrace.analysis.breakdown import time_breakdown
 from chiptrace.analysis.critical_path import critical_path
 from chiptrace.analysis.errors import AnalysisError
+from chiptrace.analysis.findings import CriticalPath, Finding, sort_findings
 from chiptrace.analysis.kernels import kernel_breakdown
-from chiptrace.analysis.model import CriticalPath, Finding, sort_findings
 from chiptrace.analysis.ranking import below_resolution, replay_savings
 from chiptrace.analysis.report import Report, chip_rows, link_rows, path_dict, utilization_series
 from chiptrace.analysis.rule_input import RuleInput

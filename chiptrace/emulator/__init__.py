@@ -12,7 +12,7 @@ from chiptrace.emulator.errors import EmulatorError, FaultError, TopologyError, 
 from chiptrace.emulator.faults import Fault, parse_fault
 from chiptrace.emulator.run import EmulationResult, emulate, make_config
 from chiptrace.emulator.scenarios import SCENARIOS
-from chiptrace.emulator.topology import PRESETS, Topology, build_topology, load_topology
+from chiptrace.emulator.topology_files import PRESETS, Topology, build_topology, load_topology
 
 __all__ = [
     "PRESETS",

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from chiptrace.emulator.errors import WorkloadError
-from chiptrace.emulator.topology import ChipSpec, Topology, load_topology
+from chiptrace.emulator.topology_files import ChipSpec, Topology, load_topology
 
 CLASSES = ("gemm", "attention", "elementwise", "optimizer", "comm", "copy")
 # First match wins; everything else is elementwise (memory-bound kernels, reductions).

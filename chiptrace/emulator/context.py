@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from chiptrace.emulator.network import Network
 from chiptrace.emulator.spans import SpanTable
-from chiptrace.emulator.topology import Topology
+from chiptrace.emulator.topology_files import Topology
 
 
 @dataclass

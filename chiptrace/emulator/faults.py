@@ -16,7 +16,7 @@ import numpy as np
 
 from chiptrace.emulator.errors import FaultError
 from chiptrace.emulator.network import Network
-from chiptrace.emulator.topology import Topology
+from chiptrace.emulator.topology_files import Topology
 
 KINDS = ("slow", "degrade", "down", "straggler")
 _NEEDS_VALUE = {

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chiptrace.emulator.network import Network
-from chiptrace.emulator.topology import Topology
+from chiptrace.emulator.topology_files import Topology
 
 NETWORK_LINKS = ("ethernet", "infiniband")
 

@@ -24,9 +24,9 @@ from chiptrace.emulator.context import Context
 from chiptrace.emulator.efficiency import Efficiency, check_mode
 from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.infer_spans import emit_batch
-from chiptrace.emulator.model import BYTES, resolve_precision, roofline_ns
+from chiptrace.emulator.op_cost import BYTES, resolve_precision, roofline_ns
 from chiptrace.emulator.scheduler import assign
-from chiptrace.emulator.topology import Topology
+from chiptrace.emulator.topology_files import Topology
 from chiptrace.schema import PRECISIONS
 
 
@@ -267,7 +267,7 @@ def serving_capacity(
     """Requests per second an inference workload (`options`: InferConfig's knobs) can
     serve on a fault-free `topology` (Inference.capacity): a steady rate sits below it."""
     from chiptrace.emulator.network import Network
-    from chiptrace.emulator.topology import load_topology
+    from chiptrace.emulator.topology_files import load_topology
 
     topo = topology if isinstance(topology, Topology) else load_topology(topology)
     ctx = Context(topo, Network(topo), None, precision, schedule, {}, {})  # type: ignore[arg-type]

@@ -17,8 +17,8 @@ import numpy as np
 
 from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.fabric import Fabric
-from chiptrace.emulator.model import op_ns, resolve_precision
 from chiptrace.emulator.network import Route
+from chiptrace.emulator.op_cost import op_ns, resolve_precision
 from chiptrace.emulator.scheduler import balanced
 from chiptrace.emulator.train_step import transfers
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chiptrace.emulator import collectives
-from chiptrace.emulator.model import BYTES, op_ns
+from chiptrace.emulator.op_cost import BYTES, op_ns
 
 if TYPE_CHECKING:
     from chiptrace.emulator.train import Training

@@ -18,7 +18,7 @@ import numpy as np
 
 from chiptrace.emulator.errors import TopologyError
 from chiptrace.emulator.sharing import fluid_ends
-from chiptrace.emulator.topology import FORWARDERS, Topology
+from chiptrace.emulator.topology_files import FORWARDERS, Topology
 
 _PROBE_BYTES = 1e6  # route cost = latency + time for 1 MB: prefers wide paths, then short ones
 

@@ -38,8 +38,8 @@ from chiptrace.emulator.context import Context
 from chiptrace.emulator.efficiency import Efficiency, check_mode
 from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.hosts import Machine
-from chiptrace.emulator.model import BYTES, resolve_precision
 from chiptrace.emulator.network import Network
+from chiptrace.emulator.op_cost import BYTES, resolve_precision
 from chiptrace.emulator.train_step import transfers
 from chiptrace.schema import PRECISIONS
 

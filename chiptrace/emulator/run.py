@@ -26,7 +26,7 @@ from chiptrace.emulator.faults import Fault, apply_faults, link_state, parse_fau
 from chiptrace.emulator.network import Network
 from chiptrace.emulator.scheduler import SCHEDULES
 from chiptrace.emulator.spans import SpanTable
-from chiptrace.emulator.topology import Topology, load_topology
+from chiptrace.emulator.topology_files import Topology, load_topology
 from chiptrace.recorder import Recorder, SpanSink, StoreSink
 from chiptrace.schema import PRECISIONS, dumps
 from chiptrace.store import PartWriter

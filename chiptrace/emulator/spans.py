@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from chiptrace.emulator.network import Network
-from chiptrace.emulator.topology import Topology
+from chiptrace.emulator.topology_files import Topology
 from chiptrace.schema import (
     CHIP_TYPES,
     LINK_TYPES,

@@ -19,7 +19,7 @@ from chiptrace.emulator.errors import WorkloadError
 from chiptrace.emulator.fabric import Fabric
 from chiptrace.emulator.ingest import Ingest
 from chiptrace.emulator.layered import ATTN_SHARE
-from chiptrace.emulator.model import BYTES, resolve_precision
+from chiptrace.emulator.op_cost import BYTES, resolve_precision
 from chiptrace.emulator.scheduler import balanced
 from chiptrace.emulator.train_step import run_step
 

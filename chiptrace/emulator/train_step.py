@@ -8,8 +8,8 @@ import numpy as np
 
 from chiptrace.emulator import collectives
 from chiptrace.emulator.layered import Layered
-from chiptrace.emulator.model import BYTES, op_ns, resolve_precision
 from chiptrace.emulator.network import Route
+from chiptrace.emulator.op_cost import BYTES, op_ns, resolve_precision
 from chiptrace.emulator.scheduler import assign
 from chiptrace.emulator.spans import SpanTable
 

@@ -69,7 +69,7 @@ def _devices(topo: Any, workload: str) -> list[str]:
 
 def draw(rng: random.Random, topology: str, workload: str, kind: str, links: list[str]) -> Case:
     """A case with a random target and value (`links`: the links the fault-free run uses)."""
-    from chiptrace.emulator.topology import load_topology
+    from chiptrace.emulator.topology_files import load_topology
 
     topo = load_topology(topology)
     seed = rng.randrange(1, 10_000)
@@ -128,7 +128,7 @@ def faster(topology: str, links: tuple[str, ...], factor: float = 2.0) -> Any:
     """The preset `topology` with `links` (ids, or link types) at `factor` x their bandwidth."""
     import dataclasses
 
-    from chiptrace.emulator.topology import load_topology
+    from chiptrace.emulator.topology_files import load_topology
     from chiptrace.topology import Topology
 
     topo = load_topology(topology)

@@ -9,7 +9,7 @@ import pytest
 from analysis_helpers import training_run
 
 from chiptrace.analysis import RULES, TraceAnalysis, analyze, sort_findings
-from chiptrace.analysis.model import Finding
+from chiptrace.analysis.findings import Finding
 
 CASES = {
     "slow gpu": ({"slow_gpu": "gpu:2"}, ("straggler", "gpu:2")),

@@ -133,7 +133,11 @@ def _copy_checkout(tmp_path: Path) -> Path:
         # `import chiptrace` would load the analysis.
         ("chiptrace/api.py", "import chiptrace.analysis", "stays light"),
         # A cycle between siblings of one layer.
-        ("chiptrace/emulator/topology.py", "import chiptrace.emulator.run", "No import cycles"),
+        (
+            "chiptrace/emulator/topology_files.py",
+            "import chiptrace.emulator.run",
+            "No import cycles",
+        ),
         # A new module that no layer names.
         ("chiptrace/unlayered.py", "import chiptrace.errors", "not listed as layers"),
     ],

@@ -191,7 +191,7 @@ def _run_sql(block: Block, text: str, fx: Fixtures) -> str | None:
 def _run_toml(block: Block, text: str, fx: Fixtures) -> str | None:
     import tomllib
 
-    from chiptrace.emulator.topology import load_topology
+    from chiptrace.emulator.topology_files import load_topology
 
     path = fx.scratch / f"{block.doc.replace('/', '_')}_{block.line}.toml"
     path.write_text(text)

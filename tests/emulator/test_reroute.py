@@ -17,7 +17,7 @@ from chiptrace.emulator import build_topology, load_topology
 from chiptrace.emulator import collectives as coll
 from chiptrace.emulator.faults import apply_faults, parse_fault
 from chiptrace.emulator.network import Network
-from chiptrace.emulator.topology import Topology
+from chiptrace.emulator.topology_files import Topology
 from chiptrace.query import connect
 
 PLANES4 = """

@@ -11,8 +11,8 @@ import pytest
 from chiptrace.analysis import TraceAnalysis
 from chiptrace.emulator import build_topology, emulate, load_topology
 from chiptrace.emulator import collectives as coll
-from chiptrace.emulator.model import BYTES
 from chiptrace.emulator.network import Network
+from chiptrace.emulator.op_cost import BYTES
 from chiptrace.emulator.train import TrainConfig, memory_bytes
 
 SIZE = 8e9  # nccl-tests' largest usual size: the bandwidth plateau

@@ -9,7 +9,7 @@ import numpy as np
 
 from chiptrace.emulator.efficiency import Efficiency
 from chiptrace.emulator.errors import WorkloadError
-from chiptrace.emulator.topology import ChipSpec
+from chiptrace.emulator.topology_files import ChipSpec
 
 # When a chip lacks a precision it runs the op in the next one it has (an A100 has no fp8:
 # fp8 work runs in bf16), which is what a framework's autocast falls back to.
