@@ -34,3 +34,4 @@ from chiptrace.recording import live, spans, wrappers
 # The one binding: the compiled @trace wrappers' globals are the state spans keeps
 # current, plus the functions live gives them to call.
 wrappers.bind(spans.WRAPPER_GLOBALS, **live.bindings())
+spans.on_globals_change(wrappers.refresh)

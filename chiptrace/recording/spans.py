@@ -61,6 +61,20 @@ _MASK64 = (1 << 64) - 1
 # and this module keeps current: the enabled flag and the recorder (_State's setters: ON,
 # OFF, REC, REMOTE) and the id counter and trace-id high half (_reseed_ids: new_id, HI).
 WRAPPER_GLOBALS: dict[str, Any] = {"ON": False, "OFF": False, "REC": None, "REMOTE": None}
+# Called after every change of WRAPPER_GLOBALS: the C wrappers keep a copy of it
+# (chiptrace.recording.wrappers.refresh, registered by chiptrace.recording).
+_ON_CHANGE: list[Callable[[], None]] = []
+
+
+def on_globals_change(fn: Callable[[], None]) -> None:
+    """Call `fn` after every change of WRAPPER_GLOBALS (and once now)."""
+    _ON_CHANGE.append(fn)
+    fn()
+
+
+def _changed() -> None:
+    for fn in _ON_CHANGE:
+        fn()
 
 
 def _reseed_ids() -> None:
@@ -72,6 +86,7 @@ def _reseed_ids() -> None:
     _new_id = itertools.count(_randbits(62) + 1).__next__
     _TRACE_HI = _randbits(64) or 1
     WRAPPER_GLOBALS.update(new_id=_new_id, HI=_TRACE_HI)
+    _changed()
 
 
 _new_id: Callable[[], int]
@@ -135,6 +150,7 @@ class _State:
         self._enabled = bool(value)
         WRAPPER_GLOBALS["OFF"] = not self._enabled
         WRAPPER_GLOBALS["ON"] = self._enabled and self._recorder is not None
+        _changed()
 
     @property
     def remote_root(self) -> tuple[int, int] | None:
@@ -145,6 +161,7 @@ class _State:
     def remote_root(self, value: tuple[int, int] | None) -> None:
         self._remote_root = value
         WRAPPER_GLOBALS["REMOTE"] = value
+        _changed()
 
     @property
     def recorder(self) -> Recorder | None:
@@ -157,6 +174,7 @@ class _State:
         # A decorated call sees ON false until a recorder runs, and starts one (_start)
         # before it reads its clock: chiptrace's start-up never lands inside a span.
         WRAPPER_GLOBALS["ON"] = self._enabled and value is not None
+        _changed()
 
 
 def _start() -> bool:

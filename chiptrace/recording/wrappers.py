@@ -12,19 +12,30 @@ with `*args, **kwargs`.
 
 Measured beside the earlier closure (a span object per call) on the same loaded 2-core
 VM: about a third of its cost (benchmarks/bench_hotpath.py has today's figures).
+
+The same body is compiled C where the extension `_cwrap` was built at install (a C
+compiler; it is optional) and OpenTelemetry's context is the usual ContextVar: about a
+third of the Python body's cost again, since the frame and bytecode cost as much as the
+work. The wrapper is then a `_cwrap.Wrapper` object, not a function: it binds as a
+method, pickles by name, and reads what functools.wraps does not copy (`__code__`,
+`__defaults__`) through to the decorated function. `CHIPTRACE_C_WRAPPER=0` keeps the
+Python body (the reference: tests run both).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 # The compiled wrappers' globals: chiptrace.recording.spans.WRAPPER_GLOBALS (the process
 # state, kept current there), with the functions and constants the body calls added by
 # `bind`, which chiptrace.recording runs once, when the package loads. None until then.
 G: dict[str, Any] | None = None
+_C: Any = None  # chiptrace.recording._cwrap once bound, where it was built
 _CALLS = frozenset(
     "Live parent_ids EXTRA end_live fail_live record_first start get set reset now KEY".split()
 )
@@ -42,6 +53,28 @@ def bind(state: dict[str, Any], **calls: Any) -> None:
         raise TypeError(f"wrappers.bind: expected {sorted(_CALLS)}, got {sorted(calls)}")
     state.update(calls)
     G = state
+    global _C
+    _C = None
+    var = getattr(calls["get"], "__self__", None)
+    if os.environ.get("CHIPTRACE_C_WRAPPER", "1") != "0" and isinstance(var, ContextVar):
+        try:
+            from chiptrace.recording import _cwrap
+        except ImportError:  # built without a C compiler: the Python body
+            return
+        _cwrap.bind(state, var)
+        _C = _cwrap
+
+
+def refresh() -> None:
+    """The process state changed (chiptrace.recording.spans calls this): the C wrappers
+    read their copy of it again."""
+    if _C is not None:
+        _C.refresh()
+
+
+def compiled_in_c() -> bool:
+    """Whether @trace wrappers are the C ones (for the benchmark and the tests)."""
+    return _C is not None
 
 
 _BODY = """
@@ -154,6 +187,8 @@ def wrap(fn: Callable[..., Any], site: int) -> Callable[..., Any]:
         raise RuntimeError(
             "chiptrace.recording.wrappers: bind() has not run (chiptrace.recording runs it)"
         )
+    if _C is not None:
+        return functools.wraps(fn)(_C.Wrapper(fn, site))
     params, args, defaults = _signature(fn)
     namespace: dict[str, Any] = {}
     exec(_compiled(params, args, len(defaults), site), G, namespace)  # noqa: S102

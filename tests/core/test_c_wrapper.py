@@ -1,0 +1,150 @@
+"""The C @trace wrapper (chiptrace/recording/_cwrap.c) against the Python body it
+replaces: the same program, run once with each, stores the same spans and behaves the same
+(return values, exceptions, methods, pickling, signatures, the OpenTelemetry context, a
+fork, tracing turned off, the first call starting the recorder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from chiptrace.recording import wrappers
+
+PROGRAM = textwrap.dedent(
+    """
+    import inspect, json, os, pickle, sys, threading
+    import chiptrace
+    from opentelemetry import trace as otel
+    from chiptrace.recording import wrappers
+
+    out = {"c": wrappers.compiled_in_c()}
+
+    @chiptrace.trace(chip="gpu:0", op="compute")
+    def f(x, y=2, *, z=3):
+        "doc of f"
+        return x + y + z
+
+    @chiptrace.trace
+    def boom():
+        raise ValueError("bad input")
+
+    class A:
+        @chiptrace.trace
+        def m(self, k):
+            return (self, k)
+
+        @staticmethod
+        @chiptrace.trace
+        def s(k):
+            return k
+
+    @chiptrace.trace
+    def outer():
+        return f(1) + inner()
+
+    @chiptrace.trace
+    def inner():
+        with chiptrace.span("block"):
+            cur = otel.get_current_span().get_span_context()
+            out["inner_sees_block"] = cur.is_valid
+            return f(2, z=0)
+
+    @chiptrace.trace
+    def writes():
+        chiptrace.current_span().set_attribute("k", "v")
+        return 1
+
+    @chiptrace.trace
+    def nothing():
+        return None
+
+    out["first"] = f(1)  # no init(): the first call starts the recorder from the environment
+    out["calls"] = [f(1, 5, z=1), outer(), writes(), nothing()]
+    try:
+        boom()
+    except ValueError as e:
+        out["raised"] = [str(e), e.__traceback__ is not None]
+    a = A()
+    out["method"] = [a.m(3)[0] is a, A.m(a, 4)[1], A.s(5)]
+    out["pickled"] = pickle.loads(pickle.dumps(f)) is f
+    out["meta"] = [f.__name__, f.__doc__, str(inspect.signature(f)), f.__wrapped__.__name__]
+    t = threading.Thread(target=lambda: [f(i) for i in range(100)])
+    t.start()
+    t.join()
+    pid = os.fork()
+    if pid == 0:
+        f(7)
+        chiptrace.shutdown()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    chiptrace.get_recorder().flush()
+    from chiptrace import lifecycle
+    lifecycle._STATE.enabled = False
+    out["off"] = f(1)
+    lifecycle._STATE.enabled = True
+    chiptrace.shutdown()
+    con = chiptrace.connect(sys.argv[1])
+    out["spans"] = con.sql(
+        "SELECT name, chip_id, op_kind, status_code, status_message, attributes, "
+        "count(*) AS n, count(parent_span_id) AS children, count(DISTINCT pid) AS pids "
+        "FROM spans GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
+    nested = con.sql(
+        "SELECT c.name, p.name FROM spans c JOIN spans p ON c.parent_span_id = p.span_id "
+        "AND c.trace_id = p.trace_id ORDER BY ALL"
+    ).fetchall()
+    out["nested"] = sorted(set(nested))
+    print(json.dumps(out, default=str))
+    """
+)
+
+
+def _run(tmp_path: Path, c: str) -> dict:
+    out = tmp_path / f"trace-{c}"
+    env = {**os.environ, "CHIPTRACE_C_WRAPPER": c, "CHIPTRACE_DIR": str(out)}
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    done = subprocess.run(
+        [sys.executable, str(script), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _built() -> bool:
+    return any(Path(wrappers.__file__).parent.glob("_cwrap*.so"))
+
+
+@pytest.mark.skipif(not _built(), reason="the C wrapper was not built (no C compiler)")
+def test_the_c_wrapper_behaves_as_the_python_body(tmp_path: Path) -> None:
+    c, py = _run(tmp_path, "1"), _run(tmp_path, "0")
+    assert c.pop("c") is True and py.pop("c") is False
+    assert c == py
+    assert c["raised"] == ["bad input", True]
+    assert c["method"] == [True, 4, 5]
+    assert c["pickled"] is True
+    assert c["meta"] == ["f", "doc of f", "(x, y=2, *, z=3)", "f"]
+    assert c["inner_sees_block"] is True
+    rows = {(r[0], r[1], r[2]): r for r in c["spans"]}
+    assert rows[("f", "gpu:0", "compute")][6] == 1 + 3 + 100 + 1  # the forked child's too
+    assert rows[("f", "gpu:0", "compute")][8] == 2  # two processes
+    assert rows[("boom", None, None)][3:5] == [2, "ValueError: bad input"]
+    assert json.loads(rows[("writes", None, None)][5]) == {"k": "v"}
+    assert ["block", "inner"] in c["nested"] and ["f", "block"] in c["nested"]
+
+
+def test_the_wrapper_in_use_is_the_one_built() -> None:
+    """Where the extension was built, `import chiptrace` uses it (a silently broken
+    binding would leave every program on the slower body)."""
+    expected = _built() and os.environ.get("CHIPTRACE_C_WRAPPER", "1") != "0"
+    assert wrappers.compiled_in_c() is expected
