@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace.propagation import _SPAN_KEY
@@ -280,44 +280,20 @@ def _wrap_generator(fn: Callable[P, Any], name: str, tags: Tags, kind: int) -> C
     return wrapper
 
 
-class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
-    """A span around a block: `with chiptrace.span("copy", link="pcie5:cpu:0-gpu:0") as s:`.
+class _PyBlock:
+    """`with chiptrace.span(...)`'s enter and exit in Python: the reference, and what runs
+    where the C ones (chiptrace/recording/_cwrap.c, `Block`) were not built. `span` below
+    takes the C ones as its base where they were."""
 
-    The object `as` gives is a `Span`: set attributes, add events, set status. Works with
-    `async with` too. Arguments as for `trace` (`device_time=True`: a GPU-tagged block
-    also times the GPU's work).
+    __slots__ = ()
+    _name: str
+    _tags: Tags
+    _kind: int
+    _last: Span | None
+    _attributes: Mapping[str, Any] | None
 
-    Raises:
-        ChipError: unknown chip, link, op kind or precision.
-    """
-
-    # Each entry's context token lives on the Span it opens (`_token`, with `_owner` this
-    # object), and an exit ends the current span when it is one of this object's: so one
-    # object can be entered again while open (nested, by threads, by asyncio tasks) and
-    # each exit ends its own entry. `_last` is the fallback for a block that left another
-    # context current (a library that attached and never detached).
-    __slots__ = ("_name", "_tags", "_kind", "_last", "_attributes")
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        chip: str | None = None,
-        link: str | None = None,
-        op: str | None = None,
-        precision: str | None = None,
-        attributes: Mapping[str, Any] | None = None,
-        kind: otel_trace.SpanKind | int = otel_trace.SpanKind.INTERNAL,
-        device_time: bool | None = None,
-    ) -> None:
-        self._name = name
-        tagged = chip is not None or link is not None or op is not None or precision is not None
-        self._tags = _tags(chip, link, op, precision) if tagged else NO_TAGS
-        self._attributes = attributes
-        self._kind = SPAN_KIND_INTERNAL if kind is _INTERNAL else _kind(kind)
-        self._last: Span | None = None
-        if (device_time or _device.DEFAULT) and _device.wanted(device_time, self._tags, name):
-            self.__class__ = _device.span_class(span)  # GPU-timed enter and exit (_device.py)
+    def _fallback(self) -> Span | None:
+        raise NotImplementedError
 
     def __enter__(self) -> Span:
         # _open, inlined: a Python call level costs ~0.05 us of the ~1 us budget.
@@ -346,23 +322,6 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
         self._last = s
         s.start_ns = _time_ns()
         return s
-
-    def _pop(self) -> Span | None:
-        """The span of the entry now exiting: the current span when it is one of ours (the
-        usual case, whatever thread or task), else the latest entry if still open; None
-        when there is none (an exit without its enter)."""
-        cur = _get_context().get(_SPAN_KEY)
-        if cur.__class__ is Span and cur._owner is self:
-            cur._owner = None
-            return cur
-        return self._fallback()
-
-    def _fallback(self) -> Span | None:
-        last = self._last
-        if last is not None and last._owner is self:
-            last._owner = None
-            return last
-        return None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         end = _time_ns()
@@ -420,11 +379,77 @@ class span:  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
             if len(cur) >= rec.chunk_rows:
                 rec.roll()
 
+
+if TYPE_CHECKING:  # mypy takes no base class from a variable
+    _Block = _PyBlock
+else:
+    _Block = _wrap.block_base(_PyBlock)
+
+
+class span(_Block):  # noqa: N801 - used like a function: `with chiptrace.span("load"):`
+    """A span around a block: `with chiptrace.span("copy", link="pcie5:cpu:0-gpu:0") as s:`.
+
+    The object `as` gives is a `Span`: set attributes, add events, set status. Works with
+    `async with` too. Arguments as for `trace` (`device_time=True`: a GPU-tagged block
+    also times the GPU's work).
+
+    Raises:
+        ChipError: unknown chip, link, op kind or precision.
+    """
+
+    # Each entry's context token lives on the Span it opens (`_token`, with `_owner` this
+    # object), and an exit ends the current span when it is one of this object's: so one
+    # object can be entered again while open (nested, by threads, by asyncio tasks) and
+    # each exit ends its own entry. `_last` is the fallback for a block that left another
+    # context current (a library that attached and never detached).
+    __slots__ = ("_name", "_tags", "_kind", "_last", "_attributes")
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        chip: str | None = None,
+        link: str | None = None,
+        op: str | None = None,
+        precision: str | None = None,
+        attributes: Mapping[str, Any] | None = None,
+        kind: otel_trace.SpanKind | int = otel_trace.SpanKind.INTERNAL,
+        device_time: bool | None = None,
+    ) -> None:
+        self._name = name
+        tagged = chip is not None or link is not None or op is not None or precision is not None
+        self._tags = _tags(chip, link, op, precision) if tagged else NO_TAGS
+        self._attributes = attributes
+        self._kind = SPAN_KIND_INTERNAL if kind is _INTERNAL else _kind(kind)
+        self._last: Span | None = None
+        if (device_time or _device.DEFAULT) and _device.wanted(device_time, self._tags, name):
+            self.__class__ = _device.span_class(span)  # GPU-timed enter and exit (_device.py)
+
+    def _pop(self) -> Span | None:
+        """The span of the entry now exiting: the current span when it is one of ours (the
+        usual case, whatever thread or task), else the latest entry if still open; None
+        when there is none (an exit without its enter)."""
+        cur = _get_context().get(_SPAN_KEY)
+        if cur.__class__ is Span and cur._owner is self:
+            cur._owner = None
+            return cur
+        return self._fallback()
+
+    def _fallback(self) -> Span | None:
+        last = self._last
+        if last is not None and last._owner is self:
+            last._owner = None
+            return last
+        return None
+
     async def __aenter__(self) -> Span:
         return self.__enter__()
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self.__exit__(exc_type, exc, tb)
+
+
+_wrap.bind_span(span, Span, _site_index, _RawTags, _sites.site, general_row, _row)
 
 
 def current_span() -> otel_trace.Span:

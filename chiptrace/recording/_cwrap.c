@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <time.h>
 
@@ -372,6 +373,349 @@ static PyTypeObject WrapperType = {
     .tp_getset = wrapper_getset,
 };
 
+/* ---------------------------------------------------------------- span() blocks
+ *
+ * `with chiptrace.span(...)`: chiptrace.api.span's __enter__ and __exit__ (the Python ones
+ * in api._PyBlock are the reference) as the methods of a base class, so the `with`
+ * statement calls C. The slots of chiptrace.api.span (_name, _tags, _kind, _last,
+ * _attributes) and of the Span it opens are read and written at their offsets, found once
+ * by bind_span from the classes' member descriptors. Anything unusual (a block whose exit
+ * finds another span current, an exception, a span with events or a status, a new site)
+ * calls the Python functions the reference calls.
+ */
+
+static PyTypeObject *SPAN;   /* chiptrace.recording.spans.Span */
+static PyObject *SITE_INDEX, *RAW_TAGS, *SITE_FN, *GENERAL_ROW, *ROW_FN, *EMPTY;
+static Py_ssize_t B_NAME, B_TAGS, B_KIND, B_LAST, B_ATTRS;         /* span() slots */
+static Py_ssize_t S_TH, S_TL, S_SID, S_PID, S_NAMEO, S_KINDO, S_TAGSO, S_START, S_END,
+    S_TOKEN, S_OWNER;                                               /* Span slots */
+static PyObject *S_ATTRIBUTES, *S_EVENTS, *S_LINKS, *S_STATUS, *S_FALLBACK, *S_FAIL;
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* Store a new reference in a slot, dropping the old one. */
+static inline void
+put(PyObject *obj, Py_ssize_t off, PyObject *value)
+{
+    PyObject *old = SLOT(obj, off);
+    SLOT(obj, off) = value;
+    Py_XDECREF(old);
+}
+
+static PyObject *
+block_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (REC == Py_None && !OFF) {
+        PyObject *r = PyObject_CallNoArgs(START); /* before the start time */
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    PyObject *ctx = NULL;
+    if (PyContextVar_Get(VAR, NULL, &ctx) < 0)
+        return NULL;
+    if (ctx == NULL || !PyDict_Check(ctx)) {
+        Py_XDECREF(ctx);
+        PyErr_SetString(PyExc_RuntimeError, "chiptrace: the OpenTelemetry context is not a dict");
+        return NULL;
+    }
+    PyObject *parent = PyDict_GetItemWithError(ctx, KEY); /* borrowed, alive with ctx */
+    PyObject *s = NULL, *sid = NULL, *token = NULL, *inner = NULL;
+    if (parent == NULL && PyErr_Occurred())
+        goto fail;
+    s = PyBaseObject_Type.tp_new(SPAN, EMPTY, NULL);
+    sid = s ? PyObject_CallNoArgs(NEW_ID) : NULL;
+    if (sid == NULL)
+        goto fail;
+    put(s, S_SID, Py_NewRef(sid));
+    if (parent != NULL && Py_TYPE(parent) == SPAN) {
+        put(s, S_TH, Py_XNewRef(SLOT(parent, S_TH)));
+        put(s, S_TL, Py_XNewRef(SLOT(parent, S_TL)));
+        put(s, S_PID, Py_XNewRef(SLOT(parent, S_SID)));
+    }
+    else if (parent == NULL && REMOTE == Py_None) {
+        put(s, S_TH, Py_NewRef(HI));
+        put(s, S_TL, Py_NewRef(sid));
+        put(s, S_PID, Py_NewRef(ZERO));
+    }
+    else {
+        PyObject *ids = PyObject_CallFunctionObjArgs(PARENT_IDS, parent ? parent : Py_None,
+                                                    sid, NULL);
+        if (ids == NULL)
+            goto fail;
+        if (!PyTuple_Check(ids) || PyTuple_GET_SIZE(ids) != 3) {
+            Py_DECREF(ids);
+            PyErr_SetString(PyExc_RuntimeError, "chiptrace: parent_ids");
+            goto fail;
+        }
+        put(s, S_TH, Py_NewRef(PyTuple_GET_ITEM(ids, 0)));
+        put(s, S_TL, Py_NewRef(PyTuple_GET_ITEM(ids, 1)));
+        put(s, S_PID, Py_NewRef(PyTuple_GET_ITEM(ids, 2)));
+        Py_DECREF(ids);
+    }
+    put(s, S_NAMEO, Py_XNewRef(SLOT(self, B_NAME)));
+    put(s, S_KINDO, Py_XNewRef(SLOT(self, B_KIND)));
+    put(s, S_TAGSO, Py_XNewRef(SLOT(self, B_TAGS)));
+    put(s, S_END, PyLong_FromLong(OFF ? -1 : 0)); /* -1: never recorded; still a parent */
+    PyObject *attrs = SLOT(self, B_ATTRS);
+    if (attrs != NULL && attrs != Py_None) {
+        int truthy = PyObject_IsTrue(attrs);
+        if (truthy < 0)
+            goto fail;
+        if (truthy) {
+            PyObject *copy = PyDict_New();
+            if (copy == NULL || PyDict_Merge(copy, attrs, 1) < 0 ||
+                PyObject_SetAttr(s, S_ATTRIBUTES, copy) < 0) {
+                Py_XDECREF(copy);
+                goto fail;
+            }
+            Py_DECREF(copy);
+        }
+    }
+    if (PyDict_GET_SIZE(ctx) == (parent != NULL))
+        inner = PyDict_New();
+    else
+        inner = PyDict_Copy(ctx);
+    if (inner == NULL || PyDict_SetItem(inner, KEY, s) < 0)
+        goto fail;
+    token = PyContextVar_Set(VAR, inner);
+    if (token == NULL)
+        goto fail;
+    put(s, S_TOKEN, token);
+    put(s, S_OWNER, Py_NewRef(self));
+    put(self, B_LAST, Py_NewRef(s));
+    put(s, S_START, now());
+    Py_DECREF(inner);
+    Py_DECREF(sid);
+    Py_DECREF(ctx);
+    return s;
+fail:
+    Py_XDECREF(inner);
+    Py_XDECREF(sid);
+    Py_XDECREF(s);
+    Py_DECREF(ctx);
+    return NULL;
+}
+
+/* The row of a span that ended: plain or site row, else the reference's general one. */
+static PyObject *
+block_row(PyObject *s, PyObject *end)
+{
+    PyObject *name = SLOT(s, S_NAMEO), *tags = SLOT(s, S_TAGSO), *kind = SLOT(s, S_KINDO);
+    PyObject *v;
+    int plain = name != NULL && PyUnicode_CheckExact(name) && tags != NULL && kind != NULL;
+    for (int i = 0; plain && i < 3; i++) {
+        PyObject *attr = i == 0 ? S_EVENTS : i == 1 ? S_LINKS : S_STATUS;
+        v = PyObject_GetAttr(s, attr);
+        if (v == NULL)
+            return NULL;
+        plain = i < 2 ? v == Py_None : !PyObject_IsTrue(v);
+        Py_DECREF(v);
+    }
+    if (!plain)
+        return PyObject_CallOneArg(ROW_FN, s);
+    PyObject *key = PyTuple_New(3);
+    if (key == NULL)
+        return NULL;
+    PyTuple_SET_ITEM(key, 0, Py_NewRef(name));
+    PyTuple_SET_ITEM(key, 1, PyLong_FromVoidPtr(tags));
+    PyTuple_SET_ITEM(key, 2, Py_NewRef(kind));
+    if (PyTuple_GET_ITEM(key, 1) == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyObject *site = PyDict_GetItemWithError(SITE_INDEX, key);
+    Py_DECREF(key);
+    Py_XINCREF(site);
+    if (site == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        int raw = PyObject_IsInstance(tags, RAW_TAGS);
+        if (raw < 0)
+            return NULL;
+        site = raw ? PyLong_FromLong(-1)
+                   : PyObject_CallFunctionObjArgs(SITE_FN, name, tags, kind, NULL);
+        if (site == NULL)
+            return NULL;
+    }
+    long n = PyLong_AsLong(site);
+    if (n == -1 && PyErr_Occurred()) {
+        Py_DECREF(site);
+        return NULL;
+    }
+    if (n < 0) {
+        Py_DECREF(site);
+        return PyObject_CallOneArg(GENERAL_ROW, s);
+    }
+    PyObject *attrs = PyObject_GetAttr(s, S_ATTRIBUTES);
+    if (attrs == NULL) {
+        Py_DECREF(site);
+        return NULL;
+    }
+    Py_ssize_t extra = 0;
+    if (attrs != Py_None) {
+        if (!PyDict_Check(attrs)) { /* a mapping set some other way: the reference's row */
+            Py_DECREF(attrs);
+            Py_DECREF(site);
+            return PyObject_CallOneArg(GENERAL_ROW, s);
+        }
+        extra = PyDict_GET_SIZE(attrs);
+    }
+    PyObject *row = PyTuple_New(7 + 2 * extra);
+    if (row != NULL) {
+        PyObject *fields[7] = {site, SLOT(s, S_TH), SLOT(s, S_TL), SLOT(s, S_SID),
+                               SLOT(s, S_PID), SLOT(s, S_START), end};
+        for (int i = 0; i < 7; i++)
+            PyTuple_SET_ITEM(row, i, Py_XNewRef(fields[i] ? fields[i] : Py_None));
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *val;
+        /* Flat, the keys then the values: see chiptrace.api._PyBlock.__exit__. */
+        while (extra && PyDict_Next(attrs, &pos, &k, &val)) {
+            PyTuple_SET_ITEM(row, 7 + i, Py_NewRef(k));
+            PyTuple_SET_ITEM(row, 7 + extra + i, Py_NewRef(val));
+            i++;
+        }
+    }
+    Py_DECREF(attrs);
+    Py_DECREF(site);
+    if (row != NULL)
+        PyObject_GC_UnTrack(row); /* flat: the collector need not walk a buffered row */
+    return row;
+}
+
+static PyObject *
+block_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *end = now();
+    if (end == NULL)
+        return NULL;
+    PyObject *exc = nargs >= 2 ? args[1] : Py_None;
+    PyObject *ctx = NULL, *s = NULL, *row = NULL, *r = NULL;
+    if (PyContextVar_Get(VAR, NULL, &ctx) < 0)
+        goto error;
+    PyObject *cur = ctx != NULL && PyDict_Check(ctx) ? PyDict_GetItemWithError(ctx, KEY)
+                                                     : NULL;
+    if (cur == NULL && PyErr_Occurred())
+        goto error;
+    if (cur != NULL && Py_TYPE(cur) == SPAN && SLOT(cur, S_OWNER) == self) {
+        s = Py_NewRef(cur);
+        put(s, S_OWNER, Py_NewRef(Py_None));
+    }
+    else {
+        s = PyObject_CallMethodNoArgs(self, S_FALLBACK);
+        if (s == NULL)
+            goto error;
+        if (s == Py_None)
+            goto done;
+    }
+    if (exc != Py_None) {
+        r = PyObject_CallMethodOneArg(s, S_FAIL, exc);
+        if (r == NULL)
+            goto error;
+        Py_CLEAR(r);
+    }
+    PyObject *token = SLOT(s, S_TOKEN);
+    if (token != NULL && PyContextVar_Reset(VAR, token) < 0) {
+        /* the token belongs to another context (a task or thread took over) */
+        if (!PyErr_ExceptionMatches(PyExc_ValueError) &&
+            !PyErr_ExceptionMatches(PyExc_RuntimeError))
+            goto error;
+        PyErr_Clear();
+    }
+    PyObject *ended = SLOT(s, S_END);
+    if (ended == NULL || PyObject_IsTrue(ended))
+        goto done; /* ended already (end() in the block), or tracing is off */
+    put(s, S_END, Py_NewRef(end));
+    row = block_row(s, end);
+    if (row == NULL)
+        goto error;
+    if (REC == Py_None) {
+        r = PyObject_CallOneArg(RECORD_FIRST, row);
+    }
+    else {
+        PyObject *chunk = PyObject_GetAttr(REC, S_CUR);
+        if (chunk == NULL)
+            goto error;
+        if (PyList_CheckExact(chunk) && PyList_Append(chunk, row) == 0 &&
+            PyList_GET_SIZE(chunk) >= CHUNK_ROWS)
+            r = PyObject_CallMethodNoArgs(REC, S_ROLL);
+        else
+            r = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        Py_DECREF(chunk);
+    }
+    if (r == NULL)
+        goto error;
+    goto done;
+error:
+    /* chiptrace's own failure: the block's program goes on (the reference would raise) */
+    PyErr_Clear();
+done:
+    Py_XDECREF(r);
+    Py_XDECREF(row);
+    Py_XDECREF(s);
+    Py_XDECREF(ctx);
+    Py_DECREF(end);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef block_methods[] = {
+    {"__enter__", (PyCFunction)block_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))block_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "chiptrace.recording._cwrap.Block",
+    .tp_doc = "The C __enter__ and __exit__ of chiptrace.span (see _cwrap.c).",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_methods = block_methods,
+};
+
+static int
+offset_of(PyObject *cls, const char *name, Py_ssize_t *out)
+{
+    PyObject *d = PyObject_GetAttrString(cls, name);
+    if (d == NULL)
+        return -1;
+    if (Py_TYPE(d) != &PyMemberDescr_Type ||
+        ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
+        PyErr_Format(PyExc_TypeError, "chiptrace: %s is not a slot", name);
+        Py_DECREF(d);
+        return -1;
+    }
+    *out = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    return 0;
+}
+
+static PyObject *
+bind_span(PyObject *module, PyObject *args)
+{
+    PyObject *block, *span, *index, *raw, *site_fn, *general, *row_fn;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOO:bind_span", &PyType_Type, &block, &PyType_Type,
+                          &span, &PyDict_Type, &index, &raw, &site_fn, &general, &row_fn))
+        return NULL;
+    if (offset_of(block, "_name", &B_NAME) < 0 || offset_of(block, "_tags", &B_TAGS) < 0 ||
+        offset_of(block, "_kind", &B_KIND) < 0 || offset_of(block, "_last", &B_LAST) < 0 ||
+        offset_of(block, "_attributes", &B_ATTRS) < 0 || offset_of(span, "trace_hi", &S_TH) < 0 ||
+        offset_of(span, "trace_lo", &S_TL) < 0 || offset_of(span, "span_id", &S_SID) < 0 ||
+        offset_of(span, "parent_id", &S_PID) < 0 || offset_of(span, "name", &S_NAMEO) < 0 ||
+        offset_of(span, "kind", &S_KINDO) < 0 || offset_of(span, "tags", &S_TAGSO) < 0 ||
+        offset_of(span, "start_ns", &S_START) < 0 || offset_of(span, "end_ns", &S_END) < 0 ||
+        offset_of(span, "_token", &S_TOKEN) < 0 || offset_of(span, "_owner", &S_OWNER) < 0)
+        return NULL;
+    Py_XSETREF(SPAN, (PyTypeObject *)Py_NewRef(span));
+    Py_XSETREF(SITE_INDEX, Py_NewRef(index));
+    Py_XSETREF(RAW_TAGS, Py_NewRef(raw));
+    Py_XSETREF(SITE_FN, Py_NewRef(site_fn));
+    Py_XSETREF(GENERAL_ROW, Py_NewRef(general));
+    Py_XSETREF(ROW_FN, Py_NewRef(row_fn));
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- module functions */
 
 static int
@@ -444,6 +788,8 @@ static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(globals, context_var): the state the wrappers read, and refresh() it."},
     {"refresh", refresh, METH_NOARGS, "Read the wrappers' globals again (after a change)."},
+    {"bind_span", bind_span, METH_VARARGS,
+     "bind_span(span_cls, Span, site_index, RawTags, site, general_row, row): span() in C."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -461,6 +807,18 @@ PyInit__cwrap(void)
     S_CHUNK_ROWS = PyUnicode_InternFromString("chunk_rows");
     S_ROLL = PyUnicode_InternFromString("roll");
     ZERO = PyLong_FromLong(0);
+    EMPTY = PyTuple_New(0);
+    S_ATTRIBUTES = PyUnicode_InternFromString("attributes");
+    S_EVENTS = PyUnicode_InternFromString("events");
+    S_LINKS = PyUnicode_InternFromString("links");
+    S_STATUS = PyUnicode_InternFromString("status_code");
+    S_FALLBACK = PyUnicode_InternFromString("_fallback");
+    S_FAIL = PyUnicode_InternFromString("_fail");
+    if (EMPTY == NULL || S_ATTRIBUTES == NULL || S_EVENTS == NULL || S_LINKS == NULL ||
+        S_STATUS == NULL || S_FALLBACK == NULL || S_FAIL == NULL)
+        return NULL;
+    if (PyType_Ready(&BlockType) < 0)
+        return NULL;
     if (S_CUR == NULL || S_CHUNK_ROWS == NULL || S_ROLL == NULL || ZERO == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
@@ -469,6 +827,12 @@ PyInit__cwrap(void)
     Py_INCREF(&WrapperType);
     if (PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0) {
         Py_DECREF(&WrapperType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&BlockType);
+    if (PyModule_AddObject(m, "Block", (PyObject *)&BlockType) < 0) {
+        Py_DECREF(&BlockType);
         Py_DECREF(m);
         return NULL;
     }

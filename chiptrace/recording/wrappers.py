@@ -72,6 +72,19 @@ def refresh() -> None:
         _C.refresh()
 
 
+def block_base(reference: type) -> type:
+    """The base of chiptrace.api.span: the C enter and exit where built, else `reference`
+    (the Python ones)."""
+    return _C.Block if _C is not None else reference
+
+
+def bind_span(block: type, span: type, *calls: Any) -> None:
+    """Give the C enter and exit the classes whose slots they fill and the functions they
+    call where the Python ones would (see _cwrap.c's bind_span)."""
+    if _C is not None:
+        _C.bind_span(block, span, *calls)
+
+
 def compiled_in_c() -> bool:
     """Whether @trace wrappers are the C ones (for the benchmark and the tests)."""
     return _C is not None

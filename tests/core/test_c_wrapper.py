@@ -18,7 +18,7 @@ from chiptrace.recording import wrappers
 
 PROGRAM = textwrap.dedent(
     """
-    import inspect, json, os, pickle, sys, threading
+    import asyncio, inspect, json, os, pickle, sys, threading
     import chiptrace
     from opentelemetry import trace as otel
     from chiptrace.recording import wrappers
@@ -65,6 +65,39 @@ PROGRAM = textwrap.dedent(
         return None
 
     out["first"] = f(1)  # no init(): the first call starts the recorder from the environment
+
+    # span() blocks: attributes, reuse of one object (nested, threads, asyncio tasks), an
+    # exception, a status and an event (the general row), a renamed span, a link id.
+    with chiptrace.span("attrs", attributes={"step": 3, "phase": "fwd"}) as s1:
+        s1.set_attribute("late", 1.5)
+    again = chiptrace.span("again", chip="cpu:0")
+    with again:
+        with again:
+            f(3)
+    ts = [threading.Thread(target=lambda: [again.__enter__(), again.__exit__(None, None, None)])
+          for _ in range(4)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+
+    async def task():
+        async with again:
+            await asyncio.sleep(0)
+
+    async def tasks():
+        await asyncio.gather(*(task() for _ in range(3)))
+
+    asyncio.run(tasks())
+    try:
+        with chiptrace.span("fails"):
+            raise KeyError("k")
+    except KeyError:
+        pass
+    with chiptrace.span("rich") as s2:
+        s2.add_event("ev", {"a": 1})
+        s2.set_status(otel.Status(otel.StatusCode.ERROR, "why"))
+        s2.update_name("renamed")
+    with chiptrace.span("xfer", link="nvlink5:gpu:0-gpu:1", attributes={}):
+        pass
     out["calls"] = [f(1, 5, z=1), outer(), writes(), nothing()]
     try:
         boom()
@@ -100,6 +133,10 @@ PROGRAM = textwrap.dedent(
         "AND c.trace_id = p.trace_id ORDER BY ALL"
     ).fetchall()
     out["nested"] = sorted(set(nested))
+    out["events"] = sorted(
+        [name, [e["name"] for e in json.loads(ev)]]
+        for name, ev in con.sql("SELECT name, events FROM spans WHERE events IS NOT NULL").fetchall()
+    )
     print(json.dumps(out, default=str))
     """
 )
@@ -136,11 +173,19 @@ def test_the_c_wrapper_behaves_as_the_python_body(tmp_path: Path) -> None:
     assert c["meta"] == ["f", "doc of f", "(x, y=2, *, z=3)", "f"]
     assert c["inner_sees_block"] is True
     rows = {(r[0], r[1], r[2]): r for r in c["spans"]}
-    assert rows[("f", "gpu:0", "compute")][6] == 1 + 3 + 100 + 1  # the forked child's too
+    assert (
+        rows[("f", "gpu:0", "compute")][6] == 1 + 1 + 3 + 100 + 1
+    )  # in a block, and the forked child's too
     assert rows[("f", "gpu:0", "compute")][8] == 2  # two processes
     assert rows[("boom", None, None)][3:5] == [2, "ValueError: bad input"]
     assert json.loads(rows[("writes", None, None)][5]) == {"k": "v"}
     assert ["block", "inner"] in c["nested"] and ["f", "block"] in c["nested"]
+    assert ["again", "again"] in c["nested"] and ["f", "again"] in c["nested"]
+    assert rows[("again", "cpu:0", "compute")][6] == 2 + 4 + 3
+    assert json.loads(rows[("attrs", None, None)][5]) == {"step": 3, "phase": "fwd", "late": 1.5}
+    assert rows[("fails", None, None)][3:5] == [2, "KeyError: 'k'"]
+    assert rows[("renamed", None, None)][3:5] == [2, "why"]
+    assert ["renamed", ["ev"]] in c["events"] and ["fails", ["exception"]] in c["events"]
 
 
 def test_the_wrapper_in_use_is_the_one_built() -> None:
