@@ -319,7 +319,7 @@ class _PyBlock:
         else:
             s._token = _set_context({**ctx, _SPAN_KEY: s})
         s._owner = self
-        self._last = s
+        self._last = s  # type: ignore[misc]  # a slot of span, the subclass
         s.start_ns = _time_ns()
         return s
 
