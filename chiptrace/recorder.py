@@ -304,6 +304,13 @@ class Recorder:
         _exit._flushing.add(me)
         try:
             total = self._flush_locked()
+        except BaseException:
+            # The program's signal handler raised into this flush (KeyboardInterrupt, or
+            # sys.exit() from its own SIGTERM handler): the spans it had taken never reach
+            # the store now. Counted, so the manifest the exit flush writes says so.
+            lost, self._in_flight = self._in_flight, 0
+            self.drop(lost)
+            raise
         finally:
             self._flush_owner = None
             self._flush_lock.release()
