@@ -51,6 +51,9 @@ __all__ = ["Recorder", "SpanSink", "StoreSink", "describe", "on_exit", "cancel_e
 _POLL_S = 0.05
 CHUNK = 1024  # rows per buffer chunk
 PEEK_WAIT_S = 10.0  # see Recorder.peek
+# At shutdown the sinks on their own threads get the deadline less this, so that what they
+# could not deliver is in the manifest before shutdown() stops waiting.
+_MANIFEST_S = 0.2
 
 
 class Recorder:
@@ -360,7 +363,11 @@ class Recorder:
             "spans_rejected": self.spans_rejected,
             "sink_errors": self.sink_errors,
         }
-        sink_dropped = sum(getattr(s, "dropped", 0) for s in self.sinks[1:])
+        # Spans a sink other than the store never delivered: dropped (queue full, hung,
+        # left at exit) or failed (the exporter raised or refused them).
+        sink_dropped = sum(
+            getattr(s, "dropped", 0) + getattr(s, "failed", 0) for s in self.sinks[1:]
+        )
         if sink_dropped:
             counts["sink_spans_dropped"] = sink_dropped
         try:
@@ -388,6 +395,7 @@ class Recorder:
             self._resolve(True)
             self.flush()
             deadline = self._close_by or time.monotonic() + self.config.shutdown_timeout_s
+            deadline -= _MANIFEST_S  # the sinks' drops reach the manifest before it
             for sink in self.sinks:
                 try:
                     close = sink.close
@@ -397,6 +405,8 @@ class Recorder:
                         close()
                 except Exception as e:  # noqa: BLE001
                     log.warning("chiptrace: closing %s failed: %s", type(sink).__name__, e)
+            if len(self.sinks) > 1:
+                self._update_manifest()  # what the other sinks could not deliver by now
         finally:
             self._done.set()
 
