@@ -26,6 +26,11 @@ _CHILD = textwrap.dedent(
     import signal, sys, time, chiptrace
 
     out, mode = sys.argv[1], sys.argv[2]
+    if mode == "thread-first":  # a first recorder made off the main thread: no SIGTERM
+        import threading
+        t = threading.Thread(target=chiptrace.init, args=(out + "-thread",))
+        t.start()
+        t.join()
     if mode == "own-before":
         def mine(signum, frame):
             chiptrace.shutdown()  # during the main thread's flush(), more often than not
@@ -115,6 +120,14 @@ def test_sigterm_during_a_gil_holding_call_ends_when_it_returns(tmp_path: Path) 
     assert p.returncode == -signal.SIGTERM, err
     assert "returned" not in out  # the program did not run on after the call
     assert _stored(tmp_path / "t") == 1000
+
+
+def test_an_init_on_the_main_thread_after_one_on_another_takes_sigterm(tmp_path: Path) -> None:
+    p = _start(tmp_path / "t", "thread-first")
+    p.send_signal(signal.SIGTERM)
+    out, err = _end(p)
+    assert p.returncode == -signal.SIGTERM, err
+    assert _stored(tmp_path / "t") == 1000  # written on the signal, not lost with the process
 
 
 def test_sigint_is_still_keyboard_interrupt(tmp_path: Path) -> None:
