@@ -153,3 +153,43 @@ def test_what_a_slow_exporter_leaves_at_exit_is_counted(tmp_path: Path) -> None:
     assert m["spans_written"] == 10_000 and m["spans_dropped"] == 0
     # At most a few 512-span calls went out within the second; the rest are counted.
     assert 10_000 - 4 * 512 <= m["sink_spans_dropped"] <= 10_000
+
+
+_OTLP_CHILD = textwrap.dedent(
+    """
+    import sys, time, chiptrace
+
+    chiptrace.init(sys.argv[1], otlp_endpoint=sys.argv[2], flush_interval_s=0.1)
+    for _ in range(3):
+        for _ in range(1000):
+            with chiptrace.span("work"):
+                pass
+        time.sleep(0.2)
+    print(time.monotonic(), flush=True)
+    """
+)
+
+
+def test_an_otlp_endpoint_that_never_answers_costs_exit_the_deadline(tmp_path: Path) -> None:
+    import socket
+
+    out = tmp_path / "t"
+    with socket.socket() as silent:  # takes connections, never answers a request
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        env = {**os.environ, "CHIPTRACE_SHUTDOWN_TIMEOUT": "1"}
+        proc = subprocess.run(
+            [sys.executable, "-c", _OTLP_CHILD, str(out), url],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        ended = time.monotonic()
+    assert proc.returncode == 0, proc.stderr
+    assert ended - float(proc.stdout) < 5  # the deadline, not the endpoint's silence
+    (m,) = read_manifests([out])
+    # Every span is in the store, and none reached the endpoint: all counted, the batch
+    # stuck in its send included (it went uncounted).
+    assert m["spans_written"] == 3000 and m["sink_spans_dropped"] == 3000
