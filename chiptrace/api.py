@@ -68,7 +68,7 @@ def _make_tags(
     attributes: Mapping[str, Any] | None,
 ) -> Tags:
     if attributes:
-        return Tags.build(chip, link, op, precision, attributes)
+        return Tags.build(chip, link, op, precision, _span_mod.bounded(attributes))
     if chip is None and link is None and op is None and precision is None:
         return NO_TAGS
     return _tags(chip, link, op, precision)
@@ -419,6 +419,8 @@ class span(_Block):  # noqa: N801 - used like a function: `with chiptrace.span("
         self._name = name
         tagged = chip is not None or link is not None or op is not None or precision is not None
         self._tags = _tags(chip, link, op, precision) if tagged else NO_TAGS
+        if attributes and len(attributes) > _span_mod.UNCHECKED_ATTRIBUTES:
+            attributes = _span_mod.bounded(attributes)  # under the OTEL_* span limits
         self._attributes = attributes
         self._kind = SPAN_KIND_INTERNAL if kind is _INTERNAL else _kind(kind)
         self._last: Span | None = None

@@ -147,7 +147,8 @@ def _parse_number(name: str, raw: Any, kind: type, minimum: float) -> Any:
     try:
         value = kind(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}={raw!r}: expected a {kind.__name__}") from None
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"{name}={raw!r}: expected {what}") from None
     if value < minimum:
         raise ConfigError(f"{name}={raw!r}: expected a value >= {minimum}")
     return value

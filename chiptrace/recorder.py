@@ -51,6 +51,9 @@ __all__ = ["Recorder", "SpanSink", "StoreSink", "describe", "on_exit", "cancel_e
 _POLL_S = 0.05
 CHUNK = 1024  # rows per buffer chunk
 PEEK_WAIT_S = 10.0  # see Recorder.peek
+# At shutdown the sinks on their own threads get the deadline less this, so that what they
+# could not deliver is in the manifest before shutdown() stops waiting.
+_MANIFEST_S = 0.2
 
 
 class Recorder:
@@ -100,6 +103,7 @@ class Recorder:
         self._batch_rows = 0
         self._batch_bytes = 0
         self._drop_lock = threading.Lock()
+        self._manifest_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._flush_owner: int | None = None  # the thread flushing now
         self._space = threading.Condition()
@@ -109,6 +113,7 @@ class Recorder:
         self.gave_up = False  # shutdown() ran out of time (see _give_up)
         self._close_by: float | None = None  # monotonic deadline of the last close
         self._in_flight = 0  # spans a flush took and has not handed to the sinks yet
+        self._counted_lost = 0  # of `dropped`: spans a give-up counted that may yet be written
         self._last_flush = time.monotonic()
         # Called before each flush and at each wake of the writer thread (final=True once,
         # at shutdown): they hand in spans they held back, e.g. GPU-timed spans whose CUDA
@@ -304,6 +309,12 @@ class Recorder:
         _exit._flushing.add(me)
         try:
             total = self._flush_locked()
+        except BaseException:
+            # The program's signal handler raised into this flush (KeyboardInterrupt, or
+            # sys.exit() from its own SIGTERM handler): the spans it had taken never reach
+            # the store now. Counted, so the manifest the exit flush writes says so.
+            self._settle(0, self._in_flight)
+            raise
         finally:
             self._flush_owner = None
             self._flush_lock.release()
@@ -339,30 +350,49 @@ class Recorder:
             table = pa.Table.from_batches(batches, SPAN_SCHEMA)
             emit(self, table)
             self.spans_flushed += total
-        self._in_flight = 0
+        self._settle(total, 0)
         if self.writer is not None and (total or self.dropped != self._dropped_recorded):
             self._update_manifest()
         return total
 
+    def _settle(self, written: int, lost: int) -> None:
+        """The flush in flight is over: `written` of its spans reached the sinks, `lost`
+        did not. A give-up (shutdown() past its deadline) counted them all as dropped
+        already; a flush that finishes after it takes its written spans back off that
+        count, so the manifest never says a span was both written and dropped."""
+        with self._drop_lock:
+            self._in_flight = 0
+            back = min(written, self._counted_lost)
+            counted = min(lost, self._counted_lost - back)
+            self._counted_lost -= back + counted
+            self.dropped += lost - counted - back
+
     def _update_manifest(self) -> None:
         if self.writer is None:
             return
-        dropped = self.dropped
-        counts = {
-            "spans_dropped": dropped,
-            "spans_rejected": self.spans_rejected,
-            "sink_errors": self.sink_errors,
-        }
-        sink_dropped = sum(getattr(s, "dropped", 0) for s in self.sinks[1:])
-        if sink_dropped:
-            counts["sink_spans_dropped"] = sink_dropped
-        try:
-            self.writer.write_manifest(**counts)
-            self._dropped_recorded = dropped
-        except OSError as e:
-            if "manifest" not in self._failing_names:
-                self._failing_names.add("manifest")
-                log.warning("chiptrace: could not update manifest: %s", e)
+        # The counts are read under the lock the write holds: two writers (a flush, and a
+        # give-up's own thread) then cannot leave the older numbers last in the file.
+        with self._manifest_lock:
+            dropped = self.dropped
+            counts = {
+                "spans_dropped": dropped,
+                "spans_rejected": self.spans_rejected,
+                "sink_errors": self.sink_errors,
+            }
+            # Spans a sink other than the store never delivered: dropped (queue full,
+            # hung, left at exit) or failed (the exporter raised or refused them).
+            sink_dropped = sum(
+                getattr(s, "dropped", 0) + getattr(s, "failed", 0) for s in self.sinks[1:]
+            )
+            if sink_dropped:
+                counts["sink_spans_dropped"] = sink_dropped
+            try:
+                self.writer.write_manifest(**counts)
+                self._dropped_recorded = dropped
+            except OSError as e:
+                if "manifest" not in self._failing_names:
+                    self._failing_names.add("manifest")
+                    log.warning("chiptrace: could not update manifest: %s", e)
 
     def _run(self) -> None:
         interval = self.config.flush_interval_s
@@ -381,6 +411,7 @@ class Recorder:
             self._resolve(True)
             self.flush()
             deadline = self._close_by or time.monotonic() + self.config.shutdown_timeout_s
+            deadline -= _MANIFEST_S  # the sinks' drops reach the manifest before it
             for sink in self.sinks:
                 try:
                     close = sink.close
@@ -390,6 +421,8 @@ class Recorder:
                         close()
                 except Exception as e:  # noqa: BLE001
                     log.warning("chiptrace: closing %s failed: %s", type(sink).__name__, e)
+            if len(self.sinks) > 1:
+                self._update_manifest()  # what the other sinks could not deliver by now
         finally:
             self._done.set()
 
@@ -441,8 +474,10 @@ class Recorder:
         """Count what the deadline left unwritten and say so, on a thread of its own (a
         hung file system would hang the manifest write too)."""
         self.gave_up = True
-        lost = self.pending + self._in_flight  # buffered, and taken but not yet written
-        self.drop(lost)
+        with self._drop_lock:
+            lost = self.pending + self._in_flight  # buffered, and taken but not yet written
+            self.dropped += lost
+            self._counted_lost += lost
         log.warning(
             "chiptrace: exit did not finish writing within %.1f s; %d buffered spans dropped",
             waited,

@@ -162,6 +162,8 @@ class OtlpSink:
         self.batch_spans = batch_spans
         self.max_queued_spans = max_queued_spans
         self.sent = self.failed = 0
+        self._sending = 0  # spans of the batch being sent
+        self._left_behind = 0  # spans of a send still running when close() gave up
         self._queue: BoundedQueue[pa.RecordBatch] = BoundedQueue(max_queued_spans)
         self._transport = make_transport(self.settings)
         self._thread = threading.Thread(target=self._run, name="chiptrace-otlp", daemon=True)
@@ -169,8 +171,8 @@ class OtlpSink:
 
     @property
     def dropped(self) -> int:
-        """Spans dropped: the queue was full, or still held at close."""
-        return self._queue.dropped
+        """Spans dropped: the queue was full, or still held (or being sent) at close."""
+        return self._queue.dropped + self._left_behind
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Queue a batch for sending; never blocks, drops (and counts) when the queue is full."""
@@ -186,6 +188,8 @@ class OtlpSink:
         flushed = self.flush(timeout_s=timeout_s)
         self._queue.close(drop_pending=not flushed)
         self._thread.join(timeout=0 if not flushed else timeout_s)
+        if self._thread.is_alive():
+            self._left_behind = self._sending
         self._transport.close()
         if self.dropped or self.failed:
             log.warning(
@@ -198,9 +202,11 @@ class OtlpSink:
 
     def _run(self) -> None:
         while (batch := self._queue.get()) is not None:
+            self._sending = batch.num_rows
             try:
                 self._send(batch)
             finally:
+                self._sending = 0
                 self._queue.task_done(batch)
 
     def _send(self, batch: pa.RecordBatch) -> None:

@@ -37,7 +37,8 @@ log = logging.getLogger("chiptrace")
 
 Hook = Callable[..., Any]
 _exit_hooks: list[tuple[Hook, bool]] = []  # (hook, takes a timeout_s keyword)
-_installed = False
+_installed = False  # the atexit hook
+_signal_tried = False  # SIGTERM looked at (on the main thread)
 _pipe: tuple[int, int] | None = None  # the watcher's pipe (also the wakeup fd when ours)
 _requested = False  # a SIGTERM of ours was seen: the process is ending
 _hooks_done = threading.Event()
@@ -51,13 +52,15 @@ _GRACE_S = 0.5
 def on_exit(hook: Hook, *, takes_timeout: bool = False) -> None:
     """Run `hook` at interpreter exit and on SIGTERM (when nobody else handles SIGTERM);
     with `takes_timeout`, it is called with `timeout_s=` the time left."""
-    global _installed
+    global _installed, _signal_tried
     _exit_hooks.append((hook, takes_timeout))
-    if _installed:
-        return
-    _installed = True
-    atexit.register(_run_exit_hooks)
-    if threading.current_thread() is threading.main_thread():
+    if not _installed:
+        _installed = True
+        atexit.register(_run_exit_hooks)
+    # Only the main thread may set a signal handler: a first recorder made on another
+    # thread leaves SIGTERM alone, and the next one made on the main thread takes it.
+    if not _signal_tried and threading.current_thread() is threading.main_thread():
+        _signal_tried = True
         try:
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 _start_watcher()

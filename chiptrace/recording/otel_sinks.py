@@ -77,6 +77,14 @@ def batch_to_readable_spans(batch: pa.RecordBatch | pa.Table) -> Iterator[Readab
         )
 
 
+class ExportFailed(RuntimeError):
+    """An export failed; the first `delivered` spans of the table had gone out."""
+
+    def __init__(self, message: str, delivered: int) -> None:
+        super().__init__(message)
+        self.delivered = delivered
+
+
 # Spans per export() call: the SDK's OTEL_BSP_MAX_EXPORT_BATCH_SIZE default.
 EXPORT_BATCH_SPANS = 512
 
@@ -89,11 +97,21 @@ class ExporterSink:
         self.exporter = exporter
 
     def write(self, batch: pa.RecordBatch | pa.Table) -> None:
+        """Export in calls of EXPORT_BATCH_SPANS; the first failure ends the table.
+
+        Raises:
+            ExportFailed: an export raised or did not return SUCCESS; `delivered` says
+                how many of the table's spans the exporter had taken by then.
+        """
+        name = type(self.exporter).__name__
         for start in range(0, batch.num_rows, EXPORT_BATCH_SPANS):
             part = batch.slice(start, EXPORT_BATCH_SPANS)
-            result = self.exporter.export(list(batch_to_readable_spans(part)))
+            try:
+                result = self.exporter.export(list(batch_to_readable_spans(part)))
+            except Exception as e:  # noqa: BLE001 - the queue counts it and logs it once
+                raise ExportFailed(f"{name} raised {e!r}", start) from e
             if getattr(result, "name", "SUCCESS") != "SUCCESS":
-                raise RuntimeError(f"{type(self.exporter).__name__} returned {result.name}")
+                raise ExportFailed(f"{name} returned {getattr(result, 'name', result)}", start)
 
     def close(self) -> None:
         self.exporter.shutdown()

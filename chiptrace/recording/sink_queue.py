@@ -7,7 +7,8 @@ the store; inline in the program it would hold up the program. Here it holds up 
 a full queue drops the table and counts its spans, an export that runs past the export
 timeout marks the sink hung (later tables are dropped and counted at once, and flush()
 stops waiting for it), and close() waits at most the time it is given; a thread still
-stuck then is a daemon the interpreter abandons at exit.
+stuck then is a daemon the interpreter abandons at exit. Every span the sink never
+delivered is counted (`dropped`, `failed`), so the manifest can say so.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class QueuedSink:
         self.sink = sink
         self.export_timeout_s = export_timeout_s
         self.errors = 0
+        self.failed = 0  # spans of writes that raised (less what a sink says it delivered)
+        self._writing = 0  # spans of the write in progress
+        self._left_behind = 0  # spans of a write still running when close() gave up
         self._queue: BoundedQueue[Any] = BoundedQueue(capacity)
         self._busy_since: float | None = None
         self._hung_dropped = 0
@@ -52,7 +56,7 @@ class QueuedSink:
     @property
     def dropped(self) -> int:
         """Spans this sink never got: its queue was full, it hung, or close() gave up."""
-        return self._queue.dropped + self._hung_dropped
+        return self._queue.dropped + self._hung_dropped + self._left_behind
 
     @property
     def hung(self) -> bool:
@@ -85,6 +89,7 @@ class QueuedSink:
         self._queue.close(drop_pending=not done)
         self._thread.join(0.0 if self.hung else max(deadline - time.monotonic(), 0.0))
         if self._thread.is_alive():
+            self._left_behind = self._writing
             log.warning(
                 "chiptrace: sink %s did not finish within %.1f s; left behind", self.name, timeout_s
             )
@@ -100,15 +105,18 @@ class QueuedSink:
 
     def _run(self) -> None:
         while (table := self._queue.get()) is not None:
+            self._writing = len(table)
             self._busy_since = time.monotonic()
             try:
                 self.sink.write(table)
             except Exception as e:  # noqa: BLE001 - a sink never stops its thread
                 self.errors += 1
+                self.failed += len(table) - getattr(e, "delivered", 0)
                 if self.errors == 1:
                     log.warning("chiptrace: sink %s failed: %s", self.name, e)
             finally:
                 self._busy_since = None
+                self._writing = 0
                 self._queue.task_done(table)
         try:
             self.sink.close()

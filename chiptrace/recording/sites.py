@@ -124,9 +124,15 @@ def snapshot(start: int) -> tuple[list[str], list[int], list[Tags]]:
 
 
 def _after_fork_in_child() -> None:
-    """A fork while another thread held the lock would leave the child's copy held."""
+    """A fork while another thread held the lock would leave the child's copy held, and
+    that thread, gone in the child, may have been between site()'s three appends: cut
+    the lists to the sites they all hold (the half-added one has no `_index` entry yet,
+    which is published last), or every later site's name would sit beside another's
+    kind and tags."""
     global _lock
     _lock = threading.Lock()
+    n = min(len(NAMES), len(KINDS), len(TAGS))
+    del NAMES[n:], KINDS[n:], TAGS[n:]
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

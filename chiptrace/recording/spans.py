@@ -195,10 +195,31 @@ _ATTRIBUTES_LIMIT = LIMITS.attributes
 _VALUE_LIMIT = LIMITS.value_length
 
 
+def _unchecked(limits: _config.SpanLimits) -> int:
+    # Attributes given at once (span(attributes=...)) up to this many need no work: one
+    # compare on span()'s path, and `bounded` only where a limit can cut something.
+    return -1 if limits.value_length is not None else limits.attributes
+
+
+UNCHECKED_ATTRIBUTES = _unchecked(LIMITS)
+
+
 def set_limits(limits: _config.SpanLimits) -> None:
     """Apply span limits (init() calls this with its resolved settings)."""
-    global LIMITS, _ATTRIBUTES_LIMIT, _VALUE_LIMIT
+    global LIMITS, _ATTRIBUTES_LIMIT, _VALUE_LIMIT, UNCHECKED_ATTRIBUTES
     LIMITS, _ATTRIBUTES_LIMIT, _VALUE_LIMIT = limits, limits.attributes, limits.value_length
+    UNCHECKED_ATTRIBUTES = _unchecked(limits)
+
+
+def bounded(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """Attributes given all at once (`span(attributes=...)`, a decorator's, an event's)
+    under the span limits, as the SDK bounds a span's start attributes: the first
+    OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT keys, string values cut to the value length limit."""
+    pairs = attributes.items() if isinstance(attributes, Mapping) else dict(attributes).items()
+    items = itertools.islice(pairs, LIMITS.attributes)
+    if LIMITS.value_length is None:
+        return dict(items)
+    return {key: _clip(value) for key, value in items}
 
 
 def _clip(value: Any) -> Any:
@@ -312,11 +333,13 @@ class Span(otel_trace.Span):
         if self.end_ns:
             return _ended(self, "add_event")
         if self.events is None:
+            if not LIMITS.events:
+                return  # OTEL_SPAN_EVENT_COUNT_LIMIT=0: no events at all
             self.events = []
         elif len(self.events) >= LIMITS.events:
             return  # past OTEL_SPAN_EVENT_COUNT_LIMIT
         self.events.append(
-            (name, timestamp or _time_ns(), dict(attributes) if attributes else None)
+            (name, timestamp or _time_ns(), bounded(attributes) if attributes else None)
         )
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
@@ -325,6 +348,8 @@ class Span(otel_trace.Span):
         if context is None or not context.is_valid:
             return
         if self.links is None:
+            if not LIMITS.links:
+                return  # OTEL_SPAN_LINK_COUNT_LIMIT=0: no links at all
             self.links = []
         elif len(self.links) >= LIMITS.links:
             return  # past OTEL_SPAN_LINK_COUNT_LIMIT

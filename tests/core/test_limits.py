@@ -47,8 +47,67 @@ def test_span_limits_from_the_otel_variables(
     assert len(json.loads(row["links"])) == 1
 
 
+def _limited(monkeypatch: pytest.MonkeyPatch, **limits: str) -> None:
+    for name, value in limits.items():
+        monkeypatch.setenv(f"OTEL_{name}", value)
+
+
+def test_attributes_given_at_once_are_bounded_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK bounds a span's start attributes as it does set_attribute's; so must
+    # span(attributes=...), a decorator's attributes and an event's values.
+    _limited(monkeypatch, SPAN_ATTRIBUTE_COUNT_LIMIT="2", ATTRIBUTE_VALUE_LENGTH_LIMIT="3")
+    out = tmp_path / "t"
+    chiptrace.init(out, flush_interval_s=3600)
+    try:
+
+        @chiptrace.trace(name="decorated", attributes={"d0": "abcdef", "d1": 1, "d2": 2})
+        def decorated() -> None:
+            pass
+
+        decorated()
+        with chiptrace.span("s", attributes={"a0": "abcdef", "a1": 1, "a2": 2}) as s:
+            s.add_event("e", {"k": "abcdef"})
+        rows = spans_by_name(out)
+    finally:
+        monkeypatch.undo()
+        chiptrace.init(tmp_path / "u")  # the limits back to their defaults
+        chiptrace.shutdown()
+    (d,) = rows["decorated"]
+    (row,) = rows["s"]
+    assert json.loads(d["attributes"]) == {"d0": "abc", "d1": 1}
+    assert json.loads(row["attributes"]) == {"a0": "abc", "a1": 1}
+    assert json.loads(row["events"])[0]["attributes"] == {"k": "abc"}
+
+
+def test_a_limit_of_zero_keeps_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _limited(
+        monkeypatch,
+        SPAN_ATTRIBUTE_COUNT_LIMIT="0",
+        SPAN_EVENT_COUNT_LIMIT="0",
+        SPAN_LINK_COUNT_LIMIT="0",
+    )
+    out = tmp_path / "t"
+    chiptrace.init(out, flush_interval_s=3600)
+    try:
+        with chiptrace.span("outer") as o:
+            with chiptrace.span("s", attributes={"a": 1}) as s:
+                s.set_attribute("b", 2)
+                s.add_event("e")
+                s.add_link(o.get_span_context())
+        (row,) = spans_by_name(out)["s"]
+    finally:
+        monkeypatch.undo()
+        chiptrace.init(tmp_path / "u")
+        chiptrace.shutdown()
+    assert (row["attributes"], row["events"], row["links"]) == (None, None, None)
+
+
 def test_bad_limit_is_one_line_naming_it() -> None:
-    with pytest.raises(ConfigError, match="OTEL_SPAN_EVENT_COUNT_LIMIT='many'"):
+    with pytest.raises(
+        ConfigError, match="OTEL_SPAN_EVENT_COUNT_LIMIT='many': expected a whole number"
+    ):
         config.span_limits({"OTEL_SPAN_EVENT_COUNT_LIMIT": "many"})
 
 

@@ -26,6 +26,11 @@ _CHILD = textwrap.dedent(
     import signal, sys, time, chiptrace
 
     out, mode = sys.argv[1], sys.argv[2]
+    if mode == "thread-first":  # a first recorder made off the main thread: no SIGTERM
+        import threading
+        t = threading.Thread(target=chiptrace.init, args=(out + "-thread",))
+        t.start()
+        t.join()
     if mode == "own-before":
         def mine(signum, frame):
             chiptrace.shutdown()  # during the main thread's flush(), more often than not
@@ -117,6 +122,14 @@ def test_sigterm_during_a_gil_holding_call_ends_when_it_returns(tmp_path: Path) 
     assert _stored(tmp_path / "t") == 1000
 
 
+def test_an_init_on_the_main_thread_after_one_on_another_takes_sigterm(tmp_path: Path) -> None:
+    p = _start(tmp_path / "t", "thread-first")
+    p.send_signal(signal.SIGTERM)
+    out, err = _end(p)
+    assert p.returncode == -signal.SIGTERM, err
+    assert _stored(tmp_path / "t") == 1000  # written on the signal, not lost with the process
+
+
 def test_sigint_is_still_keyboard_interrupt(tmp_path: Path) -> None:
     p = _start(tmp_path / "t", "sleep")
     p.send_signal(signal.SIGINT)
@@ -144,9 +157,11 @@ def test_a_handler_that_calls_shutdown_during_flush_neither_hangs_nor_loses(
     for p, out in procs:
         _, err = _end(p)
         assert p.returncode == 3, err
-        assert _stored(out) >= 1000
         (m,) = read_manifests([out])
-        assert m.get("ended_unix_ns") and m["spans_dropped"] == 0
+        # sys.exit() in the handler raises into the flush it interrupted: that flush's
+        # spans (the 1,000 or 50 it had taken) are lost, and counted; the rest are stored.
+        assert m.get("ended_unix_ns") and m["spans_dropped"] <= 1000
+        assert _stored(out) + m["spans_dropped"] >= 1000
 
 
 @pytest.mark.timing
@@ -161,3 +176,53 @@ def test_sigterm_ends_a_waiting_or_flushing_process_within_2_s(tmp_path: Path, m
     took = time.monotonic() - t0
     assert p.returncode == -signal.SIGTERM and took < 2.0, took
     assert _stored(tmp_path / "t") >= 1000
+
+
+_INTERRUPTED = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time, chiptrace
+
+    out, how = sys.argv[1], sys.argv[2]
+    rec = chiptrace.init(out, flush_interval_s=3600, flush_spans=10**9)
+    if how == "own-handler":
+        def mine(signum, frame):
+            chiptrace.shutdown()  # during the main thread's flush
+            sys.exit(4)
+        signal.signal(signal.SIGTERM, mine)
+    for _ in range(200_000):
+        with chiptrace.span("work", chip="cpu:0"):
+            pass
+
+    def interrupt() -> None:  # once the flush has taken the spans, mid-conversion
+        while not rec._in_flight:
+            time.sleep(0.0005)
+        os.kill(os.getpid(), signal.SIGINT if how == "sigint" else signal.SIGTERM)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    chiptrace.flush()
+    print("flush returned", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["sigint", "own-handler"])
+def test_a_flush_the_programs_handler_raises_into_counts_what_it_held(
+    tmp_path: Path, how: str
+) -> None:
+    # KeyboardInterrupt, or the program's own handler leaving with sys.exit(), raised
+    # into the main thread's flush: the spans that flush had taken are counted as
+    # dropped in the manifest (they were lost without a trace before).
+    out = tmp_path / "t"
+    p = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED, str(out), how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_as_a_shell_starts_it,  # noqa: PLW1509 (no threads start before exec)
+    )
+    assert p.returncode == (-signal.SIGINT if how == "sigint" else 4), p.stderr
+    assert "flush returned" not in p.stdout
+    (m,) = read_manifests([out])
+    assert m.get("ended_unix_ns")
+    assert m["spans_written"] + m.get("spans_dropped", 0) == 200_000
+    assert m.get("spans_dropped", 0) > 0  # the signal landed inside the flush

@@ -83,3 +83,34 @@ def test_shutdown_from_a_thread_while_the_main_thread_flushes(tmp_path: Path) ->
     con = chiptrace.connect(tmp_path / "t")
     assert con.sql("SELECT count(*) FROM spans").fetchall()[0][0] == 20_000
     con.close()
+
+
+def test_a_flush_that_ends_after_shutdown_gave_up_is_not_counted_twice(tmp_path: Path) -> None:
+    import time
+
+    from chiptrace.store import read_manifests
+
+    out = tmp_path / "t"
+    rec = chiptrace.init(out, flush_interval_s=3600, flush_spans=10**9)
+    assert rec is not None
+    n = 200_000
+    for _ in range(n):
+        with chiptrace.span("w"):
+            pass
+    gave_up: list[bool] = []
+
+    def impatient() -> None:  # shutdown with a short deadline, during the main's flush
+        while not rec._in_flight:
+            time.sleep(0.0005)
+        gave_up.append(not rec.shutdown(timeout_s=0.001))
+
+    t = threading.Thread(target=impatient)
+    t.start()
+    assert chiptrace.flush() == n  # the flush in flight completes: every span is written
+    t.join()
+    chiptrace.shutdown()
+    # The give-up counted the flush's spans as dropped while it ran; written after all,
+    # they come off that count (the manifest said 200,000 written and 200,000 dropped).
+    (m,) = read_manifests([out])
+    assert gave_up == [True]
+    assert (m["spans_written"], m["spans_dropped"], rec.dropped) == (n, 0, 0)
