@@ -141,8 +141,15 @@ def site_columns(needed: int) -> SiteColumns:
 
 
 def _after_fork_in_child() -> None:
+    """A fork while the writer was in _SiteTable.add (it pauses every 1,024 sites) leaves
+    the code lists ahead of `n`: the child drops the part rows, so its sites read right."""
     global _table_lock
     _table_lock = threading.Lock()
+    t = _table
+    for codes in t.codes.values():
+        del codes[t.n :]
+    del t.kinds[t.n :], t.static[t.n :]
+    t.cached = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -82,11 +82,6 @@ def test_a_child_forked_while_a_thread_was_adding_a_site(tmp_path: Path) -> None
     _names_match_links(tmp_path / "child", "sites-kid")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fastrows._SiteTable: a fork during add() (it pauses every 1,024 sites) leaves "
-    "the child's code lists ahead of n, so its sites are read at the wrong rows",
-)
 def test_a_child_forked_while_the_writer_was_numbering_sites(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
