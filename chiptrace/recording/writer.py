@@ -136,16 +136,24 @@ def row_bytes(rows: list[Any]) -> int:
     for row in sampled:
         if len(row) != 14:  # plain, or a site row: keys then values after seven ints
             values = row[7 + (len(row) - 7) // 2 :]
-            measured += PLAIN_ROW_BYTES + ITEM_BYTES * len(values)
-            measured += sum(len(v) for v in values if isinstance(v, str))
+            measured += PLAIN_ROW_BYTES + _extent(values)
             continue
-        measured += RICH_ROW_BYTES
-        for part in row[11:14]:  # attributes, events, links
-            if part:
-                measured += ITEM_BYTES * len(part)
-                if isinstance(part, dict):
-                    measured += sum(len(v) for v in part.values() if isinstance(v, str))
+        # attributes, events (name, time, attributes), links (trace id, span id,
+        # attributes), the name and the status message
+        measured += RICH_ROW_BYTES + _extent(row[11:14]) + _extent(row[7]) + _extent(row[10])
     return measured * len(rows) // len(sampled)
+
+
+def _extent(value: Any) -> int:
+    """Bytes a value holds beyond its slot: strings and bytes by their length, sequences and
+    mappings by their items (events and links are lists of tuples with a dict inside)."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        return sum(ITEM_BYTES + _extent(v) for v in value if v is not None)
+    if isinstance(value, dict):
+        return sum(ITEM_BYTES + _extent(v) for v in value.values())
+    return 0
 
 
 def emit(rec: Recorder, table: pa.Table) -> None:

@@ -127,6 +127,28 @@ def test_buffer_is_bounded_in_bytes(tmp_path: Path) -> None:
         chiptrace.shutdown()
 
 
+@pytest.mark.parametrize("carry", ["event", "list", "bytes"])
+def test_the_byte_bound_counts_events_lists_and_bytes(tmp_path: Path, carry: str) -> None:
+    """What a span carries in an event, a list value or bytes counts toward
+    CHIPTRACE_MAX_BUFFERED_BYTES as a string attribute does (288 MB sat under 20 MiB)."""
+    rec = chiptrace.init(tmp_path / "t", flush_interval_s=3600, flush_spans=10**9)
+    assert rec is not None
+    rec.max_bytes = 2 << 20
+    try:
+        for _ in range(5000):
+            with chiptrace.span("big") as s:
+                if carry == "event":
+                    s.add_event("e", {"blob": "x" * 1000})
+                elif carry == "list":
+                    s.set_attribute("blob", ["x" * 100] * 10)
+                else:
+                    s.set_attribute("blob", b"x" * 1000)
+        assert rec.dropped > 0
+        assert rec._full_bytes <= rec.max_bytes
+    finally:
+        chiptrace.shutdown()
+
+
 def test_a_full_tag_table_checks_new_tags_on_the_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
