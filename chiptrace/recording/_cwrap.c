@@ -389,7 +389,8 @@ static PyObject *SITE_INDEX, *RAW_TAGS, *SITE_FN, *GENERAL_ROW, *ROW_FN, *EMPTY;
 static Py_ssize_t B_NAME, B_TAGS, B_KIND, B_LAST, B_ATTRS;         /* span() slots */
 static Py_ssize_t S_TH, S_TL, S_SID, S_PID, S_NAMEO, S_KINDO, S_TAGSO, S_START, S_END,
     S_TOKEN, S_OWNER;                                               /* Span slots */
-static PyObject *S_ATTRIBUTES, *S_EVENTS, *S_LINKS, *S_STATUS, *S_FALLBACK, *S_FAIL;
+static PyObject *S_ATTRIBUTES, *S_EVENTS, *S_LINKS, *S_STATUS, *S_FALLBACK, *S_FAIL, *S_MESSAGE;
+static PyObject *S_TAG_FIELDS[4]; /* a Tags' values, in RawTags' key order */
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -497,6 +498,58 @@ fail:
     return NULL;
 }
 
+/* The general row of a span without events, links or a status that has no site number (a
+ * full site table): spans.general_row's row, built here, since past a full table every
+ * span takes this path. Tags without static attributes travel as their values (rows.py
+ * checks them once per value), so the row holds no object the collector must walk. */
+static PyObject *
+plain_general_row(PyObject *s, PyObject *end, PyObject *name, PyObject *tags, PyObject *kind)
+{
+    PyObject *key = NULL, *attrs = NULL, *status = NULL, *message = NULL, *row = NULL;
+    if (Py_TYPE(tags) == (PyTypeObject *)RAW_TAGS) {
+        key = Py_NewRef(PyTuple_GET_ITEM(tags, 0));
+    }
+    else {
+        PyObject *static_attrs = PyObject_GetAttr(tags, S_ATTRIBUTES);
+        if (static_attrs == NULL)
+            return NULL;
+        int bare = static_attrs == Py_None;
+        Py_DECREF(static_attrs);
+        if (!bare)
+            return PyObject_CallOneArg(GENERAL_ROW, s);
+        key = PyTuple_New(4);
+        for (int i = 0; key != NULL && i < 4; i++) {
+            PyObject *v = PyObject_GetAttr(tags, S_TAG_FIELDS[i]);
+            if (v == NULL)
+                Py_CLEAR(key);
+            else
+                PyTuple_SET_ITEM(key, i, v);
+        }
+        if (key == NULL)
+            return NULL;
+    }
+    attrs = PyObject_GetAttr(s, S_ATTRIBUTES);
+    status = attrs ? PyObject_GetAttr(s, S_STATUS) : NULL;
+    message = status ? PyObject_GetAttr(s, S_MESSAGE) : NULL;
+    if (message != NULL) {
+        PyObject *fields[14] = {key, SLOT(s, S_TH), SLOT(s, S_TL), SLOT(s, S_SID),
+                                SLOT(s, S_PID), SLOT(s, S_START), end, name, kind, status,
+                                message, attrs, Py_None, Py_None};
+        row = PyTuple_New(14);
+        for (int i = 0; row != NULL && i < 14; i++)
+            PyTuple_SET_ITEM(row, i, Py_XNewRef(fields[i] ? fields[i] : Py_None));
+        if (row != NULL && attrs == Py_None && !PyObject_GC_IsTracked(message)) {
+            PyObject_GC_UnTrack(key); /* strings and None: no cycle can pass through */
+            PyObject_GC_UnTrack(row);
+        }
+    }
+    Py_DECREF(key);
+    Py_XDECREF(attrs);
+    Py_XDECREF(status);
+    Py_XDECREF(message);
+    return row;
+}
+
 /* The row of a span that ended: plain or site row, else the reference's general one. */
 static PyObject *
 block_row(PyObject *s, PyObject *end)
@@ -545,7 +598,7 @@ block_row(PyObject *s, PyObject *end)
     }
     if (n < 0) {
         Py_DECREF(site);
-        return PyObject_CallOneArg(GENERAL_ROW, s);
+        return plain_general_row(s, end, name, tags, kind);
     }
     PyObject *attrs = PyObject_GetAttr(s, S_ATTRIBUTES);
     if (attrs == NULL) {
@@ -814,8 +867,13 @@ PyInit__cwrap(void)
     S_STATUS = PyUnicode_InternFromString("status_code");
     S_FALLBACK = PyUnicode_InternFromString("_fallback");
     S_FAIL = PyUnicode_InternFromString("_fail");
+    S_MESSAGE = PyUnicode_InternFromString("status_message");
+    const char *tag_fields[4] = {"chip_id", "link_id", "op_kind", "op_precision"};
+    for (int i = 0; i < 4; i++)
+        if ((S_TAG_FIELDS[i] = PyUnicode_InternFromString(tag_fields[i])) == NULL)
+            return NULL;
     if (EMPTY == NULL || S_ATTRIBUTES == NULL || S_EVENTS == NULL || S_LINKS == NULL ||
-        S_STATUS == NULL || S_FALLBACK == NULL || S_FAIL == NULL)
+        S_STATUS == NULL || S_FALLBACK == NULL || S_FAIL == NULL || S_MESSAGE == NULL)
         return NULL;
     if (PyType_Ready(&BlockType) < 0)
         return NULL;

@@ -98,6 +98,13 @@ PROGRAM = textwrap.dedent(
         s2.update_name("renamed")
     with chiptrace.span("xfer", link="nvlink5:gpu:0-gpu:1", attributes={}):
         pass
+    from chiptrace.recording import sites
+    full, sites.MAX_SITES = sites.MAX_SITES, len(sites.NAMES)  # past a full site table
+    with chiptrace.span("past-full", chip="gpu:1"):
+        pass
+    with chiptrace.span("past-full-attrs", attributes={"x": 1}):
+        pass
+    sites.MAX_SITES = full
     out["calls"] = [f(1, 5, z=1), outer(), writes(), nothing()]
     try:
         boom()
@@ -185,6 +192,8 @@ def test_the_c_wrapper_behaves_as_the_python_body(tmp_path: Path) -> None:
     assert json.loads(rows[("attrs", None, None)][5]) == {"step": 3, "phase": "fwd", "late": 1.5}
     assert rows[("fails", None, None)][3:5] == [2, "KeyError: 'k'"]
     assert rows[("renamed", None, None)][3:5] == [2, "why"]
+    assert rows[("past-full", "gpu:1", "compute")][6] == 1
+    assert json.loads(rows[("past-full-attrs", None, None)][5]) == {"x": 1}
     assert ["renamed", ["ev"]] in c["events"] and ["fails", ["exception"]] in c["events"]
 
 
