@@ -451,7 +451,7 @@ class span(_Block):  # noqa: N801 - used like a function: `with chiptrace.span("
         self.__exit__(exc_type, exc, tb)
 
 
-_wrap.bind_span(span, Span, _site_index, _RawTags, _sites.site, general_row, _row)
+_wrap.bind_span(span, Span, _sites, general_row, _row)
 
 
 def current_span() -> otel_trace.Span:

@@ -385,7 +385,8 @@ static PyTypeObject WrapperType = {
  */
 
 static PyTypeObject *SPAN;   /* chiptrace.recording.spans.Span */
-static PyObject *SITE_INDEX, *RAW_TAGS, *SITE_FN, *GENERAL_ROW, *ROW_FN, *EMPTY;
+static PyObject *SITE_INDEX, *RAW_TAGS, *SITE_FN, *GENERAL_ROW, *ROW_FN, *EMPTY, *SITES;
+static PyObject *S_NAMES, *S_MAX_SITES;
 static Py_ssize_t B_NAME, B_TAGS, B_KIND, B_LAST, B_ATTRS;         /* span() slots */
 static Py_ssize_t S_TH, S_TL, S_SID, S_PID, S_NAMEO, S_KINDO, S_TAGSO, S_START, S_END,
     S_TOKEN, S_OWNER;                                               /* Span slots */
@@ -583,11 +584,22 @@ block_row(PyObject *s, PyObject *end)
     if (site == NULL) {
         if (PyErr_Occurred())
             return NULL;
-        int raw = PyObject_IsInstance(tags, RAW_TAGS);
-        if (raw < 0)
+        int full = PyObject_IsInstance(tags, RAW_TAGS);
+        if (full == 0) { /* sites.site()'s own test, without its call: a full table */
+            PyObject *names = PyObject_GetAttr(SITES, S_NAMES);
+            PyObject *most = names ? PyObject_GetAttr(SITES, S_MAX_SITES) : NULL;
+            Py_ssize_t limit = most ? PyLong_AsSsize_t(most) : -1;
+            if (limit >= 0 && PyList_Check(names))
+                full = PyList_GET_SIZE(names) >= limit;
+            Py_XDECREF(names);
+            Py_XDECREF(most);
+            if (PyErr_Occurred())
+                return NULL;
+        }
+        if (full < 0)
             return NULL;
-        site = raw ? PyLong_FromLong(-1)
-                   : PyObject_CallFunctionObjArgs(SITE_FN, name, tags, kind, NULL);
+        site = full ? PyLong_FromLong(-1)
+                    : PyObject_CallFunctionObjArgs(SITE_FN, name, tags, kind, NULL);
         if (site == NULL)
             return NULL;
     }
@@ -747,10 +759,24 @@ offset_of(PyObject *cls, const char *name, Py_ssize_t *out)
 static PyObject *
 bind_span(PyObject *module, PyObject *args)
 {
-    PyObject *block, *span, *index, *raw, *site_fn, *general, *row_fn;
-    if (!PyArg_ParseTuple(args, "O!O!O!OOOO:bind_span", &PyType_Type, &block, &PyType_Type,
-                          &span, &PyDict_Type, &index, &raw, &site_fn, &general, &row_fn))
+    PyObject *block, *span, *sites, *general, *row_fn;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO:bind_span", &PyType_Type, &block, &PyType_Type, &span,
+                          &PyModule_Type, &sites, &general, &row_fn))
         return NULL;
+    PyObject *index = PyObject_GetAttrString(sites, "_index");
+    PyObject *raw = index ? PyObject_GetAttrString(sites, "RawTags") : NULL;
+    PyObject *site_fn = raw ? PyObject_GetAttrString(sites, "site") : NULL;
+    if (site_fn == NULL || !PyDict_Check(index)) {
+        Py_XDECREF(index);
+        Py_XDECREF(raw);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "chiptrace: sites._index is not a dict");
+        return NULL;
+    }
+    /* the module's own references keep these alive; ours are taken below */
+    Py_DECREF(index);
+    Py_DECREF(raw);
+    Py_DECREF(site_fn);
     if (offset_of(block, "_name", &B_NAME) < 0 || offset_of(block, "_tags", &B_TAGS) < 0 ||
         offset_of(block, "_kind", &B_KIND) < 0 || offset_of(block, "_last", &B_LAST) < 0 ||
         offset_of(block, "_attributes", &B_ATTRS) < 0 || offset_of(span, "trace_hi", &S_TH) < 0 ||
@@ -761,6 +787,7 @@ bind_span(PyObject *module, PyObject *args)
         offset_of(span, "_token", &S_TOKEN) < 0 || offset_of(span, "_owner", &S_OWNER) < 0)
         return NULL;
     Py_XSETREF(SPAN, (PyTypeObject *)Py_NewRef(span));
+    Py_XSETREF(SITES, Py_NewRef(sites));
     Py_XSETREF(SITE_INDEX, Py_NewRef(index));
     Py_XSETREF(RAW_TAGS, Py_NewRef(raw));
     Py_XSETREF(SITE_FN, Py_NewRef(site_fn));
@@ -842,7 +869,7 @@ static PyMethodDef module_methods[] = {
      "bind(globals, context_var): the state the wrappers read, and refresh() it."},
     {"refresh", refresh, METH_NOARGS, "Read the wrappers' globals again (after a change)."},
     {"bind_span", bind_span, METH_VARARGS,
-     "bind_span(span_cls, Span, site_index, RawTags, site, general_row, row): span() in C."},
+     "bind_span(span_cls, Span, sites_module, general_row, row): span() in C."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -868,6 +895,10 @@ PyInit__cwrap(void)
     S_FALLBACK = PyUnicode_InternFromString("_fallback");
     S_FAIL = PyUnicode_InternFromString("_fail");
     S_MESSAGE = PyUnicode_InternFromString("status_message");
+    S_NAMES = PyUnicode_InternFromString("NAMES");
+    S_MAX_SITES = PyUnicode_InternFromString("MAX_SITES");
+    if (S_NAMES == NULL || S_MAX_SITES == NULL)
+        return NULL;
     const char *tag_fields[4] = {"chip_id", "link_id", "op_kind", "op_precision"};
     for (int i = 0; i < 4; i++)
         if ((S_TAG_FIELDS[i] = PyUnicode_InternFromString(tag_fields[i])) == NULL)
