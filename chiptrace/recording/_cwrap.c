@@ -72,9 +72,44 @@ make_live(PyObject *th, PyObject *tl, PyObject *sid, PyObject *start)
     return live;
 }
 
-/* After the call: the row to the recorder (or to end_live / record_first). Errors are
- * cleared: recording never raises into the traced program. */
+/* An error of Python code chiptrace called: cleared when it is an Exception (chiptrace's
+ * own failure never reaches the program), kept when it is not: a KeyboardInterrupt or a
+ * SystemExit that a signal handler raised while that code ran is the program's, and the
+ * Python body would raise it too. Returns -1 when one is kept. */
+static int
+swallow(void)
+{
+    if (PyErr_Occurred() == NULL || PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
+/* A kept error raised while (*et, *ev, *tb) was on its way out replaces it, with it as
+ * its __context__, as an exception raised in a `finally` block does. */
 static void
+supersede(PyObject **et, PyObject **ev, PyObject **tb)
+{
+    PyObject *t, *v, *b;
+    PyErr_Fetch(&t, &v, &b);
+    PyErr_NormalizeException(&t, &v, &b);
+    if (b != NULL && v != NULL)
+        PyException_SetTraceback(v, b);
+    if (v != NULL && *ev != NULL)
+        PyException_SetContext(v, Py_NewRef(*ev));
+    Py_XDECREF(*et);
+    Py_XDECREF(*ev);
+    Py_XDECREF(*tb);
+    *et = t;
+    *ev = v;
+    *tb = b;
+}
+
+/* After the call: the row to the recorder (or to end_live / record_first). Errors are
+ * cleared (swallow): recording never raises into the traced program. Returns -1 with a
+ * kept error set. */
+static int
 finish(Wrapper *self, PyObject *th, PyObject *tl, PyObject *sid, PyObject *pid,
        PyObject *start, PyObject *end)
 {
@@ -83,7 +118,7 @@ finish(Wrapper *self, PyObject *th, PyObject *tl, PyObject *sid, PyObject *pid,
     if (EXTRA != NULL && PyDict_GET_SIZE(EXTRA)) {
         extra = PyDict_Contains(EXTRA, sid);
         if (extra < 0) {
-            PyErr_Clear();
+            PyErr_Clear(); /* a dict of ints: nothing a handler could raise */
             extra = 0;
         }
     }
@@ -93,10 +128,8 @@ finish(Wrapper *self, PyObject *th, PyObject *tl, PyObject *sid, PyObject *pid,
     }
     else {
         PyObject *row = PyTuple_Pack(7, self->site, th, tl, sid, pid, start, end);
-        if (row == NULL) {
-            PyErr_Clear();
-            return;
-        }
+        if (row == NULL)
+            return swallow();
         /* Ints only: it can never be part of a cycle, so the collector need not see it
          * (a buffer of a million rows would otherwise be walked by each collection). */
         PyObject_GC_UnTrack(row);
@@ -117,9 +150,8 @@ finish(Wrapper *self, PyObject *th, PyObject *tl, PyObject *sid, PyObject *pid,
         }
         Py_DECREF(row);
     }
-    if (r == NULL)
-        PyErr_Clear();
     Py_XDECREF(r);
+    return r == NULL ? swallow() : 0;
 }
 
 static PyObject *
@@ -209,25 +241,28 @@ wrapper_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObject
             PyException_SetTraceback(ev, tb);
         PyObject *r = PyObject_CallFunctionObjArgs(FAIL_LIVE, th, tl, sid,
                                                    ev ? ev : Py_None, NULL);
-        if (r == NULL)
-            PyErr_Clear();
+        if (r == NULL && swallow() < 0)
+            supersede(&et, &ev, &tb);
         Py_XDECREF(r);
     }
     PyObject *end = now();
     if (PyContextVar_Reset(VAR, token) < 0)
         PyErr_Clear(); /* the function changed the context it was called in */
-    if (end != NULL)
-        finish(self, th, tl, sid, pid, start, end);
-    else
-        PyErr_Clear();
+    if (end == NULL)
+        PyErr_Clear(); /* the clock as an int: memory */
+    else if (finish(self, th, tl, sid, pid, start, end) < 0) {
+        supersede(&et, &ev, &tb);
+        Py_CLEAR(result);
+    }
     Py_XDECREF(end);
     PyErr_Restore(et, ev, tb);
     goto done;
 
 bail:
-    /* chiptrace's own failure before the call: the call runs untraced, never fails */
-    PyErr_Clear();
-    result = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    /* chiptrace's own failure before the call: the call runs untraced, never fails (a
+     * handler's KeyboardInterrupt or SystemExit raised meanwhile is the program's) */
+    if (swallow() == 0)
+        result = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
 done:
     Py_XDECREF(token);
     Py_XDECREF(live);
@@ -712,8 +747,16 @@ block_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto error;
     goto done;
 error:
-    /* chiptrace's own failure: the block's program goes on (the reference would raise) */
-    PyErr_Clear();
+    /* chiptrace's own failure: the block's program goes on (the reference would raise);
+     * a handler's KeyboardInterrupt or SystemExit raised meanwhile is the program's */
+    if (swallow() < 0) {
+        Py_XDECREF(r);
+        Py_XDECREF(row);
+        Py_XDECREF(s);
+        Py_XDECREF(ctx);
+        Py_DECREF(end);
+        return NULL;
+    }
 done:
     Py_XDECREF(r);
     Py_XDECREF(row);

@@ -202,3 +202,55 @@ def test_the_wrapper_in_use_is_the_one_built() -> None:
     binding would leave every program on the slower body)."""
     expected = _built() and os.environ.get("CHIPTRACE_C_WRAPPER", "1") != "0"
     assert wrappers.compiled_in_c() is expected
+
+
+INTERRUPTED = textwrap.dedent(
+    """
+    import sys, chiptrace
+
+    rec = chiptrace.init(sys.argv[1], flush_interval_s=3600)
+
+    def interrupted():  # as a SIGINT handler raises, inside chiptrace's own Python code
+        raise KeyboardInterrupt
+
+    @chiptrace.trace
+    def f():
+        return 1
+
+    got = []
+    for way in ("trace", "span"):
+        rec.roll = interrupted  # the chunk's roll runs the handler
+        try:
+            for _ in range(5000):
+                if way == "trace":
+                    f()
+                else:
+                    with chiptrace.span("s"):
+                        pass
+            got.append("swallowed")
+        except KeyboardInterrupt:
+            got.append("raised")
+        del rec.roll
+    print(",".join(got))
+    """
+)
+
+
+@pytest.mark.parametrize("c", ["1", "0"])
+def test_a_keyboard_interrupt_raised_inside_recording_reaches_the_program(
+    tmp_path: Path, c: str
+) -> None:
+    """A signal handler's KeyboardInterrupt or SystemExit can be raised inside the Python
+    code a span's end calls (the chunk's roll): it is the program's, never swallowed (the C
+    wrapper swallowed it, and a SIGTERM handler's sys.exit() then never ended the process)."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "t")],
+        env={**os.environ, "CHIPTRACE_C_WRAPPER": c},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "raised,raised"
