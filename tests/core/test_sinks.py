@@ -135,19 +135,22 @@ _SLOW_CHILD = textwrap.dedent(
 )
 
 
-def test_what_a_slow_exporter_leaves_at_exit_is_counted(tmp_path: Path) -> None:
-    out = tmp_path / "t"
+def _exit_with_deadline(child: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """Run `child` with a 1 s shutdown deadline; it prints the time its exit starts.
+    Returns the process and how long its exit took."""
     env = {**os.environ, "CHIPTRACE_SHUTDOWN_TIMEOUT": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", _SLOW_CHILD, str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-c", child, *args], env=env, capture_output=True, text=True, timeout=60
     )
     ended = time.monotonic()
     assert proc.returncode == 0, proc.stderr
-    assert ended - float(proc.stdout) < 5  # the deadline (1 s), not the ~10 s of exporting
+    return proc, ended - float(proc.stdout)
+
+
+def test_what_a_slow_exporter_leaves_at_exit_is_counted(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    proc, took = _exit_with_deadline(_SLOW_CHILD, str(out))
+    assert took < 5  # the deadline (1 s), not the ~10 s of exporting
     assert "did not finish writing" not in proc.stderr  # the store was not what was late
     (m,) = read_manifests([out])
     assert m["spans_written"] == 10_000 and m["spans_dropped"] == 0
@@ -178,17 +181,8 @@ def test_an_otlp_endpoint_that_never_answers_costs_exit_the_deadline(tmp_path: P
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        env = {**os.environ, "CHIPTRACE_SHUTDOWN_TIMEOUT": "1"}
-        proc = subprocess.run(
-            [sys.executable, "-c", _OTLP_CHILD, str(out), url],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        ended = time.monotonic()
-    assert proc.returncode == 0, proc.stderr
-    assert ended - float(proc.stdout) < 5  # the deadline, not the endpoint's silence
+        proc, took = _exit_with_deadline(_OTLP_CHILD, str(out), url)
+    assert took < 5  # the deadline, not the endpoint's silence
     (m,) = read_manifests([out])
     # Every span is in the store, and none reached the endpoint: all counted, the batch
     # stuck in its send included (it went uncounted).
