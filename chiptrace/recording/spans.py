@@ -386,9 +386,7 @@ class Span(otel_trace.Span):
         attrs = {
             "exception.type": type(exception).__qualname__,
             "exception.message": str(exception),
-            "exception.stacktrace": "".join(
-                traceback.format_exception(type(exception), exception, exception.__traceback__)
-            ),
+            "exception.stacktrace": _stacktrace(exception),
             "exception.escaped": escaped,
         }
         attrs.update(attributes or {})
@@ -403,6 +401,29 @@ class Span(otel_trace.Span):
         self.status_code = STATUS_ERROR
         self.status_message = f"{type(exc).__qualname__}: {exc}"
         self.record_exception(exc, escaped=True)
+
+
+# Frames of a recorded exception's stack trace: an exception that unwinds through many
+# spans (a traced recursive function) is recorded by each, and the whole trace each time
+# would cost the square of the depth (4,000 levels: 88 s).
+STACK_FRAMES = 64
+
+
+def _stacktrace(exc: BaseException) -> str:
+    """The exception's trace as traceback.format_exception writes it, its first
+    STACK_FRAMES frames (from the span's own call down) when it has more: the innermost
+    failing span records where it was raised."""
+    tb = exc.__traceback__
+    if sum(1 for _ in itertools.islice(traceback.walk_tb(tb), STACK_FRAMES + 1)) <= STACK_FRAMES:
+        return "".join(traceback.format_exception(type(exc), exc, tb))
+    return "".join(
+        [
+            "Traceback (most recent call last):\n",
+            *traceback.format_tb(tb, limit=STACK_FRAMES),
+            "  ... deeper frames left out: the innermost failing span has them\n",
+            *traceback.format_exception_only(type(exc), exc),
+        ]
+    )
 
 
 _warned_ended = False

@@ -254,3 +254,46 @@ def test_a_keyboard_interrupt_raised_inside_recording_reaches_the_program(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "raised,raised"
+
+
+RECURSIVE = textwrap.dedent(
+    """
+    import sys, chiptrace
+
+    chiptrace.init(sys.argv[1])
+
+    @chiptrace.trace
+    def r(n):
+        return 0 if n == 0 else 1 + r(n - 1)
+
+    def depth(n):
+        try:
+            return str(r(n))
+        except RecursionError:
+            return "RecursionError"
+
+    got = [depth(300), depth(700)]
+    sys.setrecursionlimit(10**6)  # deeper than the C stack could take, one C frame a level
+    got.append(depth(20_000))
+    print(",".join(got))
+    """
+)
+
+
+@pytest.mark.parametrize("c", ["1", "0"])
+def test_deep_recursion_is_a_recursion_error_never_a_crash(tmp_path: Path, c: str) -> None:
+    """A traced recursive function goes as deep under the C wrapper as under the Python one
+    at the default limit; past what the C stack can take it raises RecursionError (it
+    crashed with SIGSEGV at ~15,000 levels once a program raised the limit)."""
+    script = tmp_path / "recursive.py"
+    script.write_text(RECURSIVE)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "t")],
+        env={**os.environ, "CHIPTRACE_C_WRAPPER": c},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = "RecursionError" if c == "1" else "20000"
+    assert done.stdout.strip() == f"300,RecursionError,{expected}"
