@@ -30,7 +30,11 @@ class Ring:
         """Room for `rows` rows at once (a declared topology's chips or link directions):
         growing by half, row by row, copies an nvl72 rack's accumulators ~5 times over."""
         more = rows - self.busy.shape[0]
-        if more > 0:
+        if more > 0 and not self.busy.shape[0]:
+            # Fresh zeros are mapped lazily; a copy (vstack) would touch every page at once.
+            self.busy = np.zeros((rows, self.busy.shape[1]), DTYPE)
+            self.bytes = np.zeros((rows, self.busy.shape[1]), DTYPE)
+        elif more > 0:
             pad = np.zeros((more, self.busy.shape[1]), DTYPE)
             self.busy = np.vstack([self.busy, pad])
             self.bytes = np.vstack([self.bytes, pad])
@@ -97,18 +101,26 @@ def natural(key: str) -> tuple:
 
 
 def add_at(acc: np.ndarray, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray) -> None:
-    """`np.add.at(acc, (rows, cols), vals)` in a fraction of its time: one flat index into
-    the contiguous accumulator (NumPy's fast 1-D path), or a bincount of it when the batch
-    is large beside the accumulator (~10x np.add.at on an nvl72 rack's links)."""
+    """`np.add.at(acc, (rows, cols), vals)` in a fraction of its time: a bincount over the
+    block of rows and buckets the batch touches when that block is small beside the batch
+    (a part of a store lies in a few buckets: ~10x np.add.at on an nvl72 rack's links),
+    else one flat index into the contiguous accumulator (NumPy's fast 1-D path)."""
+    if not len(rows):
+        return
     if not acc.flags.c_contiguous:
         np.add.at(acc, (rows, cols), vals)
         return
+    r0, c0 = int(rows.min()), int(cols.min())
+    height, width = int(rows.max()) - r0 + 1, int(cols.max()) - c0 + 1
+    if height * width <= 4 * len(rows):
+        block = np.bincount(
+            (rows - r0) * width + (cols - c0), weights=vals, minlength=height * width
+        )
+        acc[r0 : r0 + height, c0 : c0 + width] += block.reshape(height, width)
+        return
     flat = rows * acc.shape[1] + cols
-    if acc.size <= 4 * len(flat):
-        acc += np.bincount(flat, weights=vals, minlength=acc.size).reshape(acc.shape)
-    else:
-        # Same dtype and intp indices: ufunc.at's fast loop (a cast sends it to the slow one).
-        np.add.at(acc.reshape(-1), flat.astype(np.intp, copy=False), vals.astype(acc.dtype))
+    # Same dtype and intp indices: ufunc.at's fast loop (a cast sends it to the slow one).
+    np.add.at(acc.reshape(-1), flat.astype(np.intp, copy=False), vals.astype(acc.dtype))
 
 
 def unique_rows(

@@ -97,6 +97,7 @@ class ViewerApp(App[None]):
         self._analysis_running = False
         self._analysis_next = 0.0
         self._sources_ended = False  # set by the ingest worker, read by the refresh
+        self._declared: dict[int, list[dict[str, Any]]] = {}  # source id -> manifests declared
         store_dir = next((s.store_dir for s in self.sources if s.store_dir), None)
         self.store = LiveStore(store_dir) if store_dir else None
         self.source_name = " + ".join(s.name for s in self.sources) or "feed"
@@ -135,21 +136,23 @@ class ViewerApp(App[None]):
 
     def ingest_once(self) -> int:
         """Poll every source, drain the feed into the model; returns spans ingested."""
-        n = 0
         dropped = self.feed.dropped
         for src in self.sources:
             src.poll(self.feed)
             manifests = src.manifests()
-            if manifests:
+            if manifests and manifests != self._declared.get(id(src)):
+                # once per change: an nvl72 rack's 5,000 links are no work for every poll
                 self.model.declare(manifests)
-                dropped += sum(int(m.get("spans_dropped") or 0) for m in manifests)
-        for batch in self.feed.drain():
-            self.model.ingest(batch)
-            n += batch.num_rows
+                self._declared[id(src)] = manifests
+            dropped += sum(int(m.get("spans_dropped") or 0) for m in manifests)
+        batches = self.feed.drain()
+        backlogs = [src.backlog() for src in self.sources]
+        ends = [end for end, _ in backlogs if end is not None]
+        self.model.ingest_all(batches, (max(ends) if ends else None, sum(k for _, k in backlogs)))
         self.model.dropped = dropped
         ended = bool(self.sources) and all(s.ended for s in self.sources)
         self._sources_ended = ended and not self.feed.pending
-        return n
+        return sum(b.num_rows for b in batches)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="ingest")
     def _ingest_loop(self) -> None:
@@ -184,8 +187,8 @@ class ViewerApp(App[None]):
     def run_analysis(self) -> None:
         """Start the analysis rules over the dashboard's window (in a worker)."""
         snap = self.snapshot
-        if self.paused or snap is None or snap.empty or self.store is None:
-            return
+        if self.paused or snap is None or snap.empty or snap.loading or self.store is None:
+            return  # (loading: a window cut short, and the rules would slow the read)
         if self._analysis_running or time.monotonic() < self._analysis_next:
             return
         self._analysis_running = True
@@ -207,9 +210,14 @@ class ViewerApp(App[None]):
 
     @property
     def state(self) -> str:
-        """What the status line says: PAUSED (by the user), ENDED (the sources stopped and
-        everything they sent is shown), else LIVE."""
-        return "PAUSED" if self.paused else "ENDED" if self.ended else "LIVE"
+        """What the status line says: PAUSED (by the user), LOADING (a store's parts are
+        still being read), ENDED (the sources stopped and everything they sent is shown),
+        else LIVE."""
+        if self.paused:
+            return "PAUSED"
+        if self.snapshot is not None and self.snapshot.unread:
+            return "LOADING"
+        return "ENDED" if self.ended else "LIVE"
 
     def watch_paused(self, paused: bool) -> None:
         self.set_class(paused, "-paused")

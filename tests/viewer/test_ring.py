@@ -20,10 +20,13 @@ def test_unique_rows_is_numpys_unique_of_rows(sizes: tuple[int, int, int]) -> No
     assert np.array_equal(np.stack([a, b, c], axis=1)[first], triples)  # one row of each
 
 
-@pytest.mark.parametrize("n", [10, 100_000])  # a flat add.at, then a bincount
-def test_add_at_is_numpys_add_at(n: int) -> None:
+@pytest.mark.parametrize(
+    ("n", "width"),
+    [(10, 64), (100_000, 64), (20_000, 3)],  # a flat add.at, then a bincount of all or a block
+)
+def test_add_at_is_numpys_add_at(n: int, width: int) -> None:
     rng = np.random.default_rng(8)
-    rows, cols = rng.integers(0, 40, n), rng.integers(0, 64, n)
+    rows, cols = rng.integers(0, 40, n), rng.integers(0, width, n) + (64 - width) // 2
     vals = rng.random(n) * 1000
     got, want = np.zeros((40, 64), DTYPE), np.zeros((40, 64), DTYPE)
     add_at(got, rows, cols, vals)

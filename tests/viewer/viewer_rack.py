@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+import chiptrace
 from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
 from chiptrace.store import PartWriter
 from chiptrace.viewer.live_model import INGEST_COLUMNS
@@ -108,3 +109,14 @@ def write_rack(directory: Path, steps: int = 10, parts: int = 2) -> Path:
         writer.write(pa.Table.from_batches(batches))
     writer.write_manifest()
     return directory
+
+
+def sql_utilization(directory: Path, since: int, until: int) -> dict[str, float]:
+    """Per-chip busy fraction of [since, until) by the store's `utilization()` SQL macro:
+    what the dashboard must show for that window."""
+    con = chiptrace.connect(directory)
+    rows = con.sql(
+        f"SELECT chip_id, sum(busy_ns) / {until - since} AS u FROM "
+        f"utilization({(until - since) / 1e6}, since_ns := {since}, until_ns := {until}) GROUP BY chip_id"
+    ).fetchall()
+    return dict(rows)
