@@ -42,7 +42,7 @@ TOPOLOGY = {
 }
 
 
-def _step(step: int, seq: int) -> pa.RecordBatch:
+def step_batch(step: int, seq: int) -> pa.RecordBatch:
     """One step: a root span, back-to-back ops per chip, transfers on both links."""
     t = T0 + step * STEP_NS
     cols: dict[str, list] = {k: [] for k in INGEST_COLUMNS}
@@ -103,7 +103,7 @@ def write_rack(directory: Path, steps: int = 10, parts: int = 2) -> Path:
     for first in range(0, steps, per):
         batches = []
         for step in range(first, min(steps, first + per)):
-            b = _step(step, seq)
+            b = step_batch(step, seq)
             seq += b.num_rows
             batches.append(b)
         writer.write(pa.Table.from_batches(batches))
