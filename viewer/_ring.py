@@ -146,3 +146,31 @@ def unique_rows(
         uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     triples = np.stack([uniq // (sb * sc) - 1, (uniq // sc) % sb - 1, uniq % sc - 1], axis=1)
     return triples, first, inverse.ravel()
+
+
+def pieces(
+    rows: np.ndarray, s: np.ndarray, e: np.ndarray, bucket_ns: int, n_buckets: int, lo: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Spans [s, e) cut at bucket edges: (row, ring slot, overlap ns, index of its span) per
+    piece, for spans of positive length that end after `lo` (the ring's oldest bucket).
+
+    Most spans (a 35 µs transfer in a 3.6 ms bucket) lie in one bucket and stay one piece;
+    only the others are repeated, once per bucket they overlap."""
+    b = bucket_ns
+    src = np.flatnonzero((e > lo) & (e > s))
+    s, e = np.maximum(s[src], lo), e[src]
+    b0 = s // b
+    k = (e - 1) // b - b0 + 1
+    multi = np.flatnonzero(k > 1)
+    if not len(multi):
+        return rows[src], b0 % n_buckets, (e - s).astype(np.float64), src
+    one = np.flatnonzero(k == 1)
+    km = k[multi]
+    idx = np.repeat(b0[multi], km) + (np.arange(int(km.sum())) - np.repeat(np.cumsum(km) - km, km))
+    over = np.minimum(np.repeat(e[multi], km), (idx + 1) * b) - np.maximum(
+        np.repeat(s[multi], km), idx * b
+    )
+    where = src[np.concatenate([one, np.repeat(multi, km)])]
+    slots = np.concatenate([b0[one], idx]) % n_buckets
+    overlap = np.concatenate([e[one] - s[one], over]).astype(np.float64)
+    return rows[where], slots, overlap, where

@@ -26,7 +26,16 @@ import pyarrow as pa
 
 from chiptrace.schema import CHIP_TYPES
 from chiptrace.topology import parse_topology
-from chiptrace.viewer._ring import Ring, add_at, direction_key, ints, natural, strings, unique_rows
+from chiptrace.viewer._ring import (
+    Ring,
+    add_at,
+    direction_key,
+    ints,
+    natural,
+    pieces,
+    strings,
+    unique_rows,
+)
 from chiptrace.viewer.snapshot import SeriesRow, SlowSpan, Snapshot
 
 DEFAULT_BUCKET_NS = 10_000_000  # 10 ms: fine enough for a live rack, 4096 of them = 41 s
@@ -244,32 +253,7 @@ class LiveModel:
     def _pieces(
         self, rows: np.ndarray, s: np.ndarray, e: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Each span cut at bucket edges: (row, ring slot, overlap ns, index of its span) per
-        piece, for spans of positive length that end inside the ring.
-
-        Most spans (a 35 µs transfer in a 3.6 ms bucket) lie in one bucket and stay one
-        piece; only the others are repeated, once per bucket they overlap."""
-        b, nb = self.bucket_ns, self.n_buckets
-        lo = self._ring_start()
-        src = np.flatnonzero((e > lo) & (e > s))
-        s, e = np.maximum(s[src], lo), e[src]
-        b0 = s // b
-        k = (e - 1) // b - b0 + 1
-        multi = np.flatnonzero(k > 1)
-        if not len(multi):
-            return rows[src], b0 % nb, (e - s).astype(np.float64), src
-        one = np.flatnonzero(k == 1)
-        km = k[multi]
-        idx = np.repeat(b0[multi], km) + (
-            np.arange(int(km.sum())) - np.repeat(np.cumsum(km) - km, km)
-        )
-        over = np.minimum(np.repeat(e[multi], km), (idx + 1) * b) - np.maximum(
-            np.repeat(s[multi], km), idx * b
-        )
-        where = np.concatenate([one, np.repeat(multi, km)])
-        slots = np.concatenate([b0[one], idx]) % nb
-        overlap = np.concatenate([e[one] - s[one], over]).astype(np.float64)
-        return rows[src[where]], slots, overlap, src[where]
+        return pieces(rows, s, e, self.bucket_ns, self.n_buckets, self._ring_start())
 
     def _keep_slowest(self, batch: pa.RecordBatch, start: np.ndarray, end: np.ndarray) -> None:
         # Ops only: spans on a chip or link (a root span is as long as its whole step).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chiptrace.viewer._ring import DTYPE, add_at, unique_rows
+from chiptrace.viewer._ring import DTYPE, add_at, pieces, unique_rows
 
 
 @pytest.mark.parametrize("sizes", [(50, 20, 20), (3000, 3000, 3000)])  # table, then 1-D sort
@@ -33,3 +33,22 @@ def test_add_at_is_numpys_add_at(n: int, width: int) -> None:
     np.add.at(want, (rows, cols), vals)
     assert np.allclose(got, want, rtol=1e-5)
     assert got.sum() == pytest.approx(vals.sum(), rel=1e-5)
+
+
+def test_pieces_cut_spans_at_bucket_edges() -> None:
+    rng = np.random.default_rng(9)
+    n, b, nb = 2_000, 100, 16
+    rows = rng.integers(0, 5, n)
+    s = rng.integers(0, 30 * b, n)
+    e = s + rng.choice([0, 1, 50, 99, 100, 250, 2_000], n)  # none, one bucket, several
+    e = np.minimum(e, 30 * b)  # the newest bucket is 29 (the model advances to it first)
+    lo = 14 * b  # the ring holds buckets 14..29: earlier time is dropped
+    got = np.zeros((5, nb))
+    r, slots, over, src = pieces(rows, s, e, b, nb, lo)
+    np.add.at(got, (r, slots), over)
+    want = np.zeros((5, nb))
+    for row, a, z in zip(rows, s, e, strict=True):
+        for k in range(14, 30):  # brute force: each span's overlap with each held bucket
+            want[row, k % nb] += max(0, min(z, (k + 1) * b) - max(a, k * b))
+    assert np.allclose(got, want)
+    assert np.array_equal(rows[src], r) and (e[src] > s[src]).all()
