@@ -56,30 +56,50 @@ class Ring:
         return r
 
 
+def _bits(buf: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    """n bits of an Arrow bitmap (least significant bit first) as booleans."""
+    return np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")[
+        offset : offset + n
+    ].astype(bool)
+
+
+def numbers(col: pa.Array | pa.ChunkedArray, fill: int | None = None) -> np.ndarray:
+    """An integer or boolean Arrow column as NumPy, read from its buffers, nulls as `fill`.
+
+    pyarrow's to_numpy (and any Python value made an Arrow scalar: fill_null(-1), take of a
+    list) imports pandas, ~0.14 s once a process, which a viewer's first frame would wait
+    for. Another type, or nulls without `fill`, goes through to_numpy."""
+    if isinstance(col, pa.ChunkedArray):
+        if col.num_chunks == 1:
+            return numbers(col.chunk(0), fill)
+        return np.concatenate([numbers(c, fill) for c in col.chunks] or [np.zeros(0, np.int64)])
+    t, n = col.type, len(col)
+    if not (pa.types.is_integer(t) or pa.types.is_boolean(t)) or (col.null_count and fill is None):
+        return col.to_numpy(zero_copy_only=False)
+    if not n:
+        return np.zeros(0, bool if pa.types.is_boolean(t) else np.int64)
+    validity, data = col.buffers()[:2]
+    if pa.types.is_boolean(t):
+        out = _bits(data, col.offset, n)
+    else:
+        dtype = np.dtype(f"{'i' if pa.types.is_signed_integer(t) else 'u'}{t.bit_width // 8}")
+        out = np.frombuffer(data, dtype, count=n, offset=col.offset * dtype.itemsize)
+    if col.null_count:
+        out = np.where(_bits(validity, col.offset, n), out, fill or 0)
+    return out
+
+
 def strings(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str | None]]:
     """(codes with -1 for null, dictionary values) of a string or dictionary column."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     if not pa.types.is_dictionary(col.type):
         col = col.dictionary_encode()
-    codes = col.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    return codes, col.dictionary.to_pylist()
+    return numbers(col.indices, fill=-1).astype(np.int64), col.dictionary.to_pylist()
 
 
 def ints(col: pa.Array | pa.ChunkedArray, fill: int | None = None) -> np.ndarray:
-    if fill is not None:
-        col = col.fill_null(fill)
-    if isinstance(col, pa.ChunkedArray):  # chunk by chunk: its to_numpy() imports pandas
-        if col.num_chunks == 1:
-            col = col.chunk(0)
-        else:
-            parts = [c.to_numpy(zero_copy_only=False) for c in col.chunks]
-            return (
-                np.concatenate(parts).astype(np.int64, copy=False)
-                if parts
-                else np.zeros(0, np.int64)
-            )
-    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return numbers(col, fill).astype(np.int64, copy=False)
 
 
 def direction_key(link_id: str, link_type: str, src: str | None, dst: str | None) -> str:

@@ -32,6 +32,7 @@ from chiptrace.viewer._ring import (
     direction_key,
     ints,
     natural,
+    numbers,
     pieces,
     strings,
     unique_rows,
@@ -257,9 +258,9 @@ class LiveModel:
 
     def _keep_slowest(self, batch: pa.RecordBatch, start: np.ndarray, end: np.ndarray) -> None:
         # Ops only: spans on a chip or link (a root span is as long as its whole step).
-        on = batch.column("chip_id").is_valid().to_numpy(zero_copy_only=False) | batch.column(
-            "link_id"
-        ).is_valid().to_numpy(zero_copy_only=False)
+        on = numbers(batch.column("chip_id").is_valid()) | numbers(
+            batch.column("link_id").is_valid()
+        )
         dur = np.where(on, end - start, -1)
         # The slowest SLOW_KEEP without sorting the batch (a sort of 370k took ~9 ms).
         top = np.argpartition(dur, -SLOW_KEEP)[-SLOW_KEEP:] if len(dur) > SLOW_KEEP else None
@@ -267,9 +268,12 @@ class LiveModel:
         top = top[dur[top] >= 0]
         if not len(top):
             return
-        names = batch.column("name").take(pa.array(top)).to_pylist()
-        chips = batch.column("chip_id").take(pa.array(top)).to_pylist()
-        links = batch.column("link_id").take(pa.array(top)).to_pylist()
+        # Scalar by scalar: take() of an index list makes it an Arrow array, which imports
+        # pandas (see _ring.numbers).
+        names, chips, links = (
+            [col[int(i)].as_py() for i in top]
+            for col in (batch.column(c) for c in ("name", "chip_id", "link_id"))
+        )
         for n, c, lk, i in zip(names, chips, links, top, strict=True):
             k = (int(end[i]) - 1) // self.bucket_ns
             kept = self._slow.setdefault(k, [])

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from chiptrace.viewer._ring import DTYPE, add_at, pieces, unique_rows
+from chiptrace.viewer._ring import DTYPE, add_at, numbers, pieces, unique_rows
 
 
 @pytest.mark.parametrize("sizes", [(50, 20, 20), (3000, 3000, 3000)])  # table, then 1-D sort
@@ -52,3 +53,20 @@ def test_pieces_cut_spans_at_bucket_edges() -> None:
             want[row, k % nb] += max(0, min(z, (k + 1) * b) - max(a, k * b))
     assert np.allclose(got, want)
     assert np.array_equal(rows[src], r) and (e[src] > s[src]).all()
+
+
+@pytest.mark.parametrize(
+    "arr",
+    [
+        pa.array(range(-5, 20), pa.int64()).slice(3, 10),
+        pa.array([3, None, 7, 1, None, 2] * 4, pa.int32()).slice(1, 17),
+        pa.array([1, 2, 300], pa.uint16()),
+        pa.array([True, None, False, True, True, None, False, True, False] * 3).slice(2, 20),
+        pa.array([], pa.int64()),
+        pa.chunked_array([pa.array([1, None], pa.int64()), pa.array([3], pa.int64())]),
+    ],
+)
+def test_numbers_read_from_the_buffers_as_to_numpy_does(arr: pa.Array | pa.ChunkedArray) -> None:
+    fill = 0 if pa.types.is_boolean(arr.type) else -1
+    want = [fill if v is None else v for v in arr.to_pylist()]
+    assert numbers(arr, fill=fill).tolist() == want
