@@ -32,6 +32,10 @@ from chiptrace.viewer.widgets.sql_console import SqlConsole
 
 ZOOM_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)  # window = bucket x step
 # The app's own one-key actions: a text box takes those keys as text.
+# While a store is read and the window shows data, the dashboard redraws this often at
+# most: redrawing ~200 chips ten times a second made the read of the window's parts on the
+# 101M-span nvl72 store ~11% slower (2.60 -> 2.31 s to the whole window, mean of 4, 2 CPUs).
+LOADING_REFRESH_S = 0.3
 _APP_ACTIONS = frozenset(
     {"help", "show_tab", "toggle_pause", "zoom", "toggle_theme", "reload", "quit"}
 )
@@ -90,6 +94,7 @@ class ViewerApp(App[None]):
         self.poll_s = poll_s
         self.refreshes = 0
         self.refresh_seconds = 0.0  # time spent in refreshes (the benchmark reads it)
+        self._refreshed_at = 0.0  # time.monotonic() of the last refresh
         self.snapshot: Snapshot | None = None
         self.alerts: list[Alert] = []
         self.deep_alerts: list[Alert] = []  # from chiptrace.analysis, refreshed by a worker
@@ -117,7 +122,7 @@ class ViewerApp(App[None]):
 
     def on_mount(self) -> None:
         self._ingest_loop()
-        self.set_interval(self.refresh_s, self.refresh_dashboard)
+        self.set_interval(self.refresh_s, self._tick)
         if self.store is not None and self.analysis_s > 0:
             self.set_interval(self.analysis_s, self.run_analysis)
         self.refresh_dashboard()
@@ -168,11 +173,21 @@ class ViewerApp(App[None]):
 
     # ------------------------------------------------------------ refresh
 
+    def _tick(self) -> None:
+        """The refresh timer: every refresh_s, or LOADING_REFRESH_S while a store is read
+        (the first frame with data is not held back)."""
+        snap = self.snapshot
+        loading = snap is not None and snap.unread and not snap.empty
+        if loading and time.monotonic() - self._refreshed_at < LOADING_REFRESH_S:
+            return
+        self.refresh_dashboard()
+
     def refresh_dashboard(self) -> None:
         """Redraw the dashboard from the window's buckets (skipped while paused)."""
         if self.paused:
             return
         t = time.perf_counter()
+        self._refreshed_at = time.monotonic()
         self.ended = self._sources_ended
         self.snapshot = self.model.snapshot(self.window_ns)
         self.alerts = merge(derive_alerts(self.snapshot), self.deep_alerts)
