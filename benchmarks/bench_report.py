@@ -16,11 +16,15 @@ cached under /tmp. Targets (issue 4): at most 10 s and 4 GiB for chiptrace.
         chiptrace emulate --topology nvl72 --workload train --steps 55 --seed 1 --out DIR
 
 With --store (opt-in: minutes and ~1 GB of disk): `report --json`, `query` with a GROUP BY,
-`view --no-ui` and `diff DIR DIR`, each in a fresh process, against the issue 18 targets
-(report <= 60 s and 4 GiB, query <= 2 s, view --no-ui <= 10 s and 4 GiB, diff <= 2x the
-report). The peer runs there only with --peer: it holds every span as Python objects
-(about 150 bytes each: 15 GB at 100M), so the ratio is against chiptrace before issue 18
-instead, which passed 19 GB and had to be stopped.
+`view --no-ui`, the live viewer's first frame and `diff DIR DIR`, each in a fresh process,
+against the issue 18 and 25 targets (report <= 60 s and 4 GiB, query <= 2 s, view --no-ui
+<= 10 s and 4 GiB, first live frame <= 2 s, diff <= 2x the report); `--steps frame,view`
+runs only those. The first frame is `chiptrace view DIR` itself on a pseudo-terminal
+(benchmarks/_first_frame.py): from the command's start to the first frame showing chip
+loads, and to the first with the whole window; its peer is `view --no-ui`, the same last
+window printed once as text. The peer runs there only with --peer: it holds every span as
+Python objects (about 150 bytes each: 15 GB at 100M), so the ratio is against chiptrace
+before issue 18 instead, which passed 19 GB and had to be stopped.
 """
 
 from __future__ import annotations
@@ -138,35 +142,71 @@ def timed(argv: list[str]) -> tuple[float, float]:
     return wall, max(after, before) / 2**20
 
 
-def big_store(d: Path, peer: bool) -> int:
-    """The issue 18 figures on a store built beforehand (see the module docstring)."""
+STORE_STEPS = ("query", "view", "frame", "report", "diff")
+
+
+def big_store(d: Path, peer: bool, steps: tuple[str, ...] = STORE_STEPS) -> int:
+    """The issue 18 and 25 figures on a store built beforehand (see the module docstring)."""
     cli = [sys.executable, "-m", "chiptrace"]
     print(f"store {d}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    q = "SELECT link_type, count(*), sum(op_bytes) FROM spans GROUP BY 1"
-    q_wall, _ = timed([*cli, "query", str(d), q])
-    print(f"query GROUP BY           : {q_wall:7.2f} s wall (startup included; target <= 2 s)")
-    v_wall, v_rss = timed([*cli, "view", str(d), "--no-ui"])
+    if "query" in steps:
+        q = "SELECT link_type, count(*), sum(op_bytes) FROM spans GROUP BY 1"
+        q_wall, _ = timed([*cli, "query", str(d), q])
+        print(f"query GROUP BY           : {q_wall:7.2f} s wall (startup included; target <= 2 s)")
+    v_wall = None
+    if "view" in steps:
+        v_wall, v_rss = timed([*cli, "view", str(d), "--no-ui"])
+        print(
+            f"view --no-ui             : {v_wall:7.2f} s wall, peak RSS {v_rss:.2f} GiB "
+            "(<= 10 s, 4 GiB)"
+        )
+    if "frame" in steps:
+        first_frame_step(d, v_wall)
+    if "report" in steps:
+        report_steps(d, cli, peer, diff="diff" in steps)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+def first_frame_step(d: Path, no_ui_wall: float | None) -> None:
+    """`chiptrace view DIR` in a terminal: start -> first frame with data, and with the
+    whole window (issue 25: <= 2 s), beside `view --no-ui` (the same window as text)."""
+    sys.path.insert(0, str(HERE))
+    from _first_frame import first_frame
+
+    f = first_frame(d)
+    peer = f", view --no-ui {no_ui_wall:.2f} s" if no_ui_wall else ""
+    ok = "met" if f["data_s"] <= 2.0 else "NOT met"
     print(
-        f"view --no-ui             : {v_wall:7.2f} s wall, peak RSS {v_rss:.2f} GiB (<= 10 s, 4 GiB)"
+        f"view: first frame        : {f['data_s']:7.2f} s wall, peak RSS {f['data_gib']:.2f} GiB "
+        f"(target <= 2 s: {ok}; '{f['data_text']}'{peer})"
     )
+    print(
+        f"view: whole window       : {f['whole_s']:7.2f} s wall, peak RSS {f['whole_gib']:.2f} GiB"
+        f" (the store read newest part first); q quits in {f['quit_s']:.2f} s"
+    )
+
+
+def report_steps(d: Path, cli: list[str], peer: bool, diff: bool) -> None:
+    """`report --json`, then `diff DIR DIR` and the naive peer."""
     ours = run_child("chiptrace", d)
     print(
         f"report --json            : {ours['wall_s']:7.2f} s wall, {ours['cpu_s']:6.2f} s CPU, "
         f"peak RSS {ours['maxrss_gib']:.2f} GiB (target <= 60 s, 4 GiB)"
     )
     print("  before issue 18: passed 8 GB at 80 s here, 19 GB at 150 s in the issue (stopped)")
-    d_wall, _ = timed([*cli, "diff", str(d), str(d)])
-    print(
-        f"diff DIR DIR             : {d_wall:7.2f} s wall, {d_wall / ours['wall_s']:.2f}x the report"
-    )
+    if diff:
+        d_wall, _ = timed([*cli, "diff", str(d), str(d)])
+        print(
+            f"diff DIR DIR             : {d_wall:7.2f} s wall, "
+            f"{d_wall / ours['wall_s']:.2f}x the report"
+        )
     if peer:
         p = run_child("peer", d)
         print(
             f"naive peer               : {p['wall_s']:7.2f} s wall, peak RSS "
             f"{p['maxrss_gib']:.2f} GiB; peer / chiptrace {p['wall_s'] / ours['wall_s']:.1f}x wall"
         )
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
-    return 0
 
 
 def run_child(mode: str, d: Path) -> dict:
@@ -192,9 +232,18 @@ def main() -> int:
     ap.add_argument("--child", nargs=2, metavar=("MODE", "DIR"), help=argparse.SUPPRESS)
     ap.add_argument("--store", metavar="DIR", help="measure on this trace dir (the big case)")
     ap.add_argument("--peer", action="store_true", help="with --store: run the naive peer too")
+    ap.add_argument(
+        "--steps",
+        default=",".join(STORE_STEPS),
+        help=f"with --store: which of {','.join(STORE_STEPS)} to run (default all)",
+    )
     args = ap.parse_args()
     if args.store and not args.child:
-        return big_store(Path(args.store), args.peer)
+        steps = tuple(s.strip() for s in args.steps.split(","))
+        unknown = [s for s in steps if s not in STORE_STEPS]
+        if unknown:
+            ap.error(f"--steps {','.join(unknown)}: expected some of {','.join(STORE_STEPS)}")
+        return big_store(Path(args.store), args.peer, steps)
     if args.child:
         mode, d = args.child
         res = {"chiptrace": child_chiptrace, "check": child_check, "peer": child_peer}[mode](d)

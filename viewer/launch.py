@@ -6,13 +6,9 @@ the dashboard draws, printed once.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from chiptrace.schema import CHIP_TYPES
 from chiptrace.store import usable_parts
@@ -22,26 +18,6 @@ from chiptrace.viewer.render import human_bytes_per_s, human_count, human_ns
 from chiptrace.viewer.sources import DirSource, SpanFeed, read_part
 
 MIN_BUCKET_NS = 1_000
-
-
-def trace_extent(directory: Path) -> tuple[int, int] | None:
-    """(first start, last end) of a trace dir from the parts' Parquet statistics, without
-    reading any span; None when there are no parts or no statistics."""
-    lo, hi = math.inf, -math.inf
-    for path in usable_parts(directory):
-        try:
-            meta = pq.read_metadata(path)
-        except Exception:  # noqa: BLE001 - a bad part is reported when it is read
-            continue
-        names = meta.schema.names
-        if "start_ns" not in names or "end_ns" not in names:
-            continue
-        si, ei = names.index("start_ns"), names.index("end_ns")
-        for g in range(meta.num_row_groups):
-            s, e = meta.row_group(g).column(si).statistics, meta.row_group(g).column(ei).statistics
-            if s is not None and s.has_min_max and e is not None and e.has_min_max:
-                lo, hi = min(lo, s.min), max(hi, e.max)
-    return (int(lo), int(hi)) if lo < hi else None
 
 
 def choose_bucket(extent_ns: int | None) -> tuple[int, int | None]:
@@ -62,59 +38,39 @@ def dir_app(
     """A ViewerApp following (or replaying) a trace dir."""
     from chiptrace.viewer.app import ViewerApp
 
-    directory = Path(directory)
-    extent = trace_extent(directory) if directory.is_dir() else None
+    src = DirSource(directory, replay=replay)
+    # The footers read here are the ones the source orders its parts by: read once.
+    extent = src.extent()
     b, w = choose_bucket(extent[1] - extent[0] if extent else None)
-    return ViewerApp(
-        [DirSource(directory, replay=replay)], bucket_ns=bucket_ns or b, window_ns=window_ns or w
-    )
+    return ViewerApp([src], bucket_ns=bucket_ns or b, window_ns=window_ns or w)
 
 
 def summarize_dir(directory: str | Path, window_ns: int | None = None) -> str:
     """The dashboard as text for a trace dir (its last window), for --no-ui."""
     directory = Path(directory)
-    extent = trace_extent(directory) if directory.is_dir() else None
+    src = DirSource(directory)
+    extent = src.extent()
     b, w = choose_bucket(extent[1] - extent[0] if extent else None)
     model = LiveModel(bucket_ns=b)
-    src = DirSource(directory)
     model.declare(src.manifests())
     window = window_ns or w or DEFAULT_BUCKET_NS * 100
     parts = usable_parts(directory) if directory.is_dir() else []
-    ends = [_part_end(p) for p in parts]
+    stats = [src.stats(p) for p in parts]
+    ends = [st.last_end_ns if st else None for st in stats]
     known = [e for e in ends if e is not None]
     # Only the parts that reach into the last window are read, part by part and only the
     # columns the model reads; the others are counted from their footers. (Every span of
     # 100M read into one feed took 19 GB; read part by part, 5 minutes.)
     cutoff = (max(known) - window - 2 * b) if known else None
-    for path, end in zip(parts, ends, strict=True):
-        if cutoff is not None and end is not None and end < cutoff:
-            model.spans_total += _part_rows(path)
+    for path, st, end in zip(parts, stats, ends, strict=True):
+        if cutoff is not None and st is not None and end is not None and end < cutoff:
+            model.spans_total += st.rows
             continue
         t = read_part(path, INGEST_COLUMNS)
         if t is not None:
             model.ingest(t)
     snap = model.snapshot(window)
     return summary_text(snap, derive_alerts(snap))
-
-
-def _part_end(path: Path) -> int | None:
-    """The part's last span end from its footer's statistics (None: not recorded)."""
-    try:
-        meta = pq.ParquetFile(path).metadata
-        col = meta.schema.to_arrow_schema().names.index("end_ns")
-        stats = [meta.row_group(g).column(col).statistics for g in range(meta.num_row_groups)]
-        if not stats or any(st is None or not st.has_min_max for st in stats):
-            return None
-        return max(int(st.max) for st in stats)
-    except (OSError, ValueError, pa.ArrowException):
-        return None
-
-
-def _part_rows(path: Path) -> int:
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except (OSError, pa.ArrowException):
-        return 0
 
 
 def summary_text(snap: Snapshot, alerts: Sequence[Alert]) -> str:

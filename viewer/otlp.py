@@ -68,6 +68,9 @@ class OtlpSource:
     def manifests(self) -> list[dict[str, Any]]:
         return read_manifests([self.store_dir])
 
+    def backlog(self) -> tuple[int | None, int]:
+        return None, 0  # spans reach the feed as they are received
+
     def serve_summary(self, window_ns: int | None, stop: StopFlag) -> int:
         """--no-ui: receive until `stop` is set, then print the dashboard as text."""
         from chiptrace.viewer.alerts import derive_alerts

@@ -50,6 +50,7 @@ class LiveStore:
         self._parts: list[Path] | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._usable: dict[Path, bool] = {}  # parts never change: each is checked once
+        self._closed = False
 
     def _good(self, parts: list[Path]) -> list[Path]:
         for p in parts:
@@ -61,6 +62,8 @@ class LiveStore:
         return [p for p in parts if self._usable[p]]
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
+        if self._closed:  # a worker that started as the viewer quit: no new connection
+            raise StoreError(f"{self.directory}: the viewer is closing")
         if self._con is None:
             if not self.directory.is_dir():
                 raise StoreError(f"trace dir {str(self.directory)!r} does not exist yet")
@@ -100,10 +103,20 @@ class LiveStore:
             return analyze(self._connection(), since_ns, until_ns, sample_steps=1)
 
     def close(self) -> None:
-        with self._lock:
+        """Close the connection, stopping the queries of a caller that holds it: the
+        analysis rules over a 100M-span store run ~10 s, one query per rule, and the
+        process cannot exit before their thread returns. Later calls raise StoreError."""
+        self._closed = True
+        while not self._lock.acquire(timeout=0.05):
+            con = self._con
+            if con is not None:
+                con.interrupt()  # raises in the running query; the next one is stopped too
+        try:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+        finally:
+            self._lock.release()
 
 
 def critical_span_ids(spans: pa.Table) -> tuple[set[str], str | None]:

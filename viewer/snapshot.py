@@ -51,8 +51,12 @@ class Snapshot:
     spans_per_s: float
     dropped: int
     head_ns: int
+    unread: int = 0  # spans the sources hold and have not sent yet (a store being read)
+    loading: bool = False  # the window starts late: spans not read yet reach into it
+    covered: bool = True  # some of the window holds every span that touches it
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
-        return self.head_ns == 0
+        """Nothing to show yet: no span, or none of the window complete."""
+        return self.head_ns == 0 or not self.covered

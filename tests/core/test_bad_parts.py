@@ -159,13 +159,13 @@ def test_every_command_skips_a_bad_part_with_one_warning(tmp_path, capsys, spoil
     _one_warning(captured.err, bad)
     assert json.loads(captured.out)["metrics"]["spans"] == expected
 
-    if spoil is not _not_json_part:  # the dashboard reads no attributes
+    if spoil is not _not_json_part:  # the dashboard reads no attributes, live or --no-ui
         assert main(["view", str(out), "--no-ui"]) == 0
         _one_warning(capsys.readouterr().err, bad)
 
-    feed = SpanFeed()
-    DirSource(out).poll(feed)  # the viewer following the dir
-    assert sum(b.num_rows for b in feed.drain()) == expected
+        feed = SpanFeed()
+        DirSource(out).poll(feed)  # the viewer following the dir
+        assert sum(b.num_rows for b in feed.drain()) == expected
 
 
 def test_diff_skips_a_bad_part_on_either_side(tmp_path, capsys) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from viewer_helpers import screen_text, some_refreshes, steady_screen, until
-from viewer_rack import LOAD, SATURATED, STEP_NS, write_rack
+from viewer_rack import LOAD, SATURATED, STEP_NS, sql_utilization, write_rack
 
 import chiptrace
 from chiptrace.schema import CHIP_TYPES
@@ -23,15 +23,6 @@ async def _settle(app: ViewerApp, pilot, spans: int) -> None:  # noqa: ANN001
     await pilot.pause()
 
 
-def _sql_utilization(directory: Path, since: int, until: int) -> dict[str, float]:
-    con = chiptrace.connect(directory)
-    rows = con.sql(
-        f"SELECT chip_id, sum(busy_ns) / {until - since} AS u FROM "
-        f"utilization({(until - since) / 1e6}, since_ns := {since}, until_ns := {until}) GROUP BY chip_id"
-    ).fetchall()
-    return dict(rows)
-
-
 async def test_six_chip_types_agree_with_sql(rack_dir: Path) -> None:
     total = chiptrace.connect(rack_dir).sql("SELECT count(*) FROM spans").fetchall()[0][0]
     app = ViewerApp([DirSource(rack_dir)], window_ns=WINDOW_NS)
@@ -42,7 +33,7 @@ async def test_six_chip_types_agree_with_sql(rack_dir: Path) -> None:
         for chip_type in CHIP_TYPES:
             assert chip_type.upper() in text, f"{chip_type} panel missing"
             assert snap.chips[chip_type], f"no {chip_type} chips"
-        expected = _sql_utilization(rack_dir, snap.since_ns, snap.until_ns)
+        expected = sql_utilization(rack_dir, snap.since_ns, snap.until_ns)
         shown = {r.id: r.utilization for rows in snap.chips.values() for r in rows}
         assert set(shown) == set(LOAD)
         for chip, u in shown.items():

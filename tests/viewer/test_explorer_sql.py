@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from viewer_helpers import screen_text, until
 
 from chiptrace.viewer.app import ViewerApp
@@ -111,3 +114,31 @@ def test_critical_path_is_the_reports_or_an_error(rack_dir: Path) -> None:
     # no second, simpler walk to fall back on).
     ids, error = critical_span_ids(pa.table({"span_id": ["a"], "name": ["x"]}))
     assert ids == set() and error and error.startswith("KeyError")
+
+
+def test_closing_the_store_stops_a_running_query_and_takes_no_more(rack_dir: Path) -> None:
+    """Quitting must not wait for a worker's query (the analysis rules over a 100M-span
+    store run ~10 s), nor let a worker that starts as the viewer quits open a new one."""
+    from chiptrace.errors import ChiptraceError, StoreError
+    from chiptrace.viewer.queries import LiveStore
+
+    store = LiveStore(rack_dir)
+    store.sql("SELECT count(*) FROM spans")  # connected
+    raised: list[BaseException] = []
+
+    def endless() -> None:  # ~1000 s of summing without the interrupt
+        try:
+            store.sql("SELECT sum(i) FROM range(1000000000000) t(i)")
+        except ChiptraceError as e:
+            raised.append(e)
+
+    worker = threading.Thread(target=endless)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not store._lock.locked() and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the query holds the connection
+    store.close()
+    worker.join(timeout=60)
+    assert not worker.is_alive() and raised, "the query was not stopped"
+    with pytest.raises(StoreError, match="closing"):
+        store.sql("SELECT 1")

@@ -96,7 +96,7 @@ def test_parse_address() -> None:
 
 
 async def test_in_process_feed_is_a_recorder_sink(tmp_path: Path) -> None:
-    from viewer_rack import _step
+    from viewer_rack import step_batch
 
     feed = SpanFeed()
     store = tmp_path / "fed"
@@ -106,18 +106,18 @@ async def test_in_process_feed_is_a_recorder_sink(tmp_path: Path) -> None:
     )
     app = ViewerApp([FeedSource(store)], feed=feed, window_ns=100_000_000)
     async with app.run_test(size=(80, 24)) as pilot:
-        recorder.write_batch(_step(0, 0), block=True)
+        recorder.write_batch(step_batch(0, 0), block=True)
         await until(pilot, lambda: app.model.spans_total, "the batch ingested")
         assert app.model.spans_total == 812
     recorder.shutdown()
 
 
 def test_feed_drops_and_counts_when_full() -> None:
-    from viewer_rack import _step
+    from viewer_rack import step_batch
 
     feed = SpanFeed(max_spans=1000)
-    feed.write(_step(0, 0))
-    feed.write(_step(1, 0))
+    feed.write(step_batch(0, 0))
+    feed.write(step_batch(1, 0))
     assert (feed.received, feed.dropped) == (812, 812)
     assert sum(b.num_rows for b in feed.drain()) == 812
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+import chiptrace
 from chiptrace.schema import batch_from_columns, ids_to_binary, trace_ids_to_binary
 from chiptrace.store import PartWriter
 from chiptrace.viewer.live_model import INGEST_COLUMNS
@@ -41,7 +42,7 @@ TOPOLOGY = {
 }
 
 
-def _step(step: int, seq: int) -> pa.RecordBatch:
+def step_batch(step: int, seq: int) -> pa.RecordBatch:
     """One step: a root span, back-to-back ops per chip, transfers on both links."""
     t = T0 + step * STEP_NS
     cols: dict[str, list] = {k: [] for k in INGEST_COLUMNS}
@@ -102,9 +103,20 @@ def write_rack(directory: Path, steps: int = 10, parts: int = 2) -> Path:
     for first in range(0, steps, per):
         batches = []
         for step in range(first, min(steps, first + per)):
-            b = _step(step, seq)
+            b = step_batch(step, seq)
             seq += b.num_rows
             batches.append(b)
         writer.write(pa.Table.from_batches(batches))
     writer.write_manifest()
     return directory
+
+
+def sql_utilization(directory: Path, since: int, until: int) -> dict[str, float]:
+    """Per-chip busy fraction of [since, until) by the store's `utilization()` SQL macro:
+    what the dashboard must show for that window."""
+    con = chiptrace.connect(directory)
+    rows = con.sql(
+        f"SELECT chip_id, sum(busy_ns) / {until - since} AS u FROM "
+        f"utilization({(until - since) / 1e6}, since_ns := {since}, until_ns := {until}) GROUP BY chip_id"
+    ).fetchall()
+    return dict(rows)

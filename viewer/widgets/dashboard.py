@@ -46,6 +46,11 @@ class Dashboard(Vertical):
         if not hasattr(self, "_status"):
             return
         self._status.show(snap, source, state)
+        if snap.empty:  # no figure yet rather than 0%: a store being read, a run starting
+            waiting = "loading the newest parts…" if snap.unread else "waiting for spans…"
+            for p in (*self._panels, self._links, self._alerts, self._slowest):
+                p.set_text(f"[$text-muted]{waiting}[/]")
+            return
         for panel in self._panels:
             panel.show(snap.chips.get(panel.chip_type, []))
         self._links.show(snap.links)
