@@ -157,7 +157,7 @@ def big_store(d: Path, peer: bool, steps: tuple[str, ...] = STORE_STEPS) -> int:
         q = "SELECT link_type, count(*), sum(op_bytes) FROM spans GROUP BY 1"
         q_wall, _ = timed([*cli, "query", str(d), q])
         print(f"query GROUP BY           : {q_wall:7.2f} s wall (startup included; target <= 2 s)")
-        figures.append(Figure("store: query GROUP BY, wall", "s", q_wall, target="<= 2"))
+        figures.append(Figure("query GROUP BY, wall", "s", q_wall, target="<= 2"))
     v_wall = None
     if "view" in steps:
         v_wall, v_rss = timed([*cli, "view", str(d), "--no-ui"])
@@ -166,8 +166,8 @@ def big_store(d: Path, peer: bool, steps: tuple[str, ...] = STORE_STEPS) -> int:
             "(<= 10 s, 4 GiB)"
         )
         figures += [
-            Figure("store: view --no-ui, wall", "s", v_wall, target="<= 10"),
-            Figure("store: view --no-ui, peak RSS", "GiB", v_rss, target="<= 4"),
+            Figure("view --no-ui, wall", "s", v_wall, target="<= 10"),
+            Figure("view --no-ui, peak RSS", "GiB", v_rss, target="<= 4"),
         ]
     if "frame" in steps:
         figures += first_frame_step(d, v_wall)
@@ -205,14 +205,14 @@ def first_frame_step(d: Path, no_ui_wall: float | None) -> list[Figure]:
     )
     return [
         Figure(
-            "store: view, first frame with data",
+            "view, first frame with data",
             "s",
             f["data_s"],
             peer_s,
             "view --no-ui" if peer_s else "",
             "<= 2",
         ),
-        Figure("store: view, whole window", "s", f["whole_s"]),
+        Figure("view, whole window", "s", f["whole_s"]),
     ]
 
 
@@ -225,8 +225,8 @@ def report_steps(d: Path, cli: list[str], peer: bool, diff: bool) -> list[Figure
     )
     print("  before issue 18: passed 8 GB at 80 s here, 19 GB at 150 s in the issue (stopped)")
     figures = [
-        Figure("store: report --json, wall", "s", ours["wall_s"], target="<= 60"),
-        Figure("store: report --json, peak RSS", "GiB", ours["maxrss_gib"], target="<= 4"),
+        Figure("report --json, wall", "s", ours["wall_s"], target="<= 60"),
+        Figure("report --json, peak RSS", "GiB", ours["maxrss_gib"], target="<= 4"),
     ]
     if diff:
         d_wall, _ = timed([*cli, "diff", str(d), str(d)])
@@ -234,7 +234,7 @@ def report_steps(d: Path, cli: list[str], peer: bool, diff: bool) -> list[Figure
             f"diff DIR DIR             : {d_wall:7.2f} s wall, "
             f"{d_wall / ours['wall_s']:.2f}x the report"
         )
-        figures.append(Figure("store: diff DIR DIR, wall", "s", d_wall))
+        figures.append(Figure("diff DIR DIR, wall", "s", d_wall))
     if peer:
         p = run_child("peer", d)
         print(
