@@ -150,35 +150,23 @@ def _priced(
     )
 
 
-# What the fix that priced a finding says it is (findings.KINDS): a part back at its peers'
-# speed or its nominal bandwidth was a fault; one that had to be made faster than the rack
-# has, a bottleneck. A fix not here keeps the rule's kind.
-_KIND = {
-    "peers": "fault",
-    "nominal": "fault",
-    "typical": "fault",
-    "back": "fault",
-    "share": "fault",
-    "spec": "fault",
-    "chip 2x": "bottleneck",
-    "type 2x": "bottleneck",
-    "2x": "bottleneck",
-    "capacity": "bottleneck",
-}
-
-_HOW = {
-    "peers": "its work at its peers' median speed, late starts removed",
-    "nominal": "the link at its nominal bandwidth",
-    "2x": "the link at twice its nominal bandwidth",
-    "chip 2x": "the chip twice as fast (it is as fast as its peers)",
-    "type 2x": "every chip of its type twice as fast (they share the work)",
-    "typical": "the transfers it pushed elsewhere at their typical time",
-    "back": "the serving devices it cut off back in the pool (the batcher replayed)",
-    "share": "the chip it cut off doing its share again (its peers that much faster)",
-    "spec": "the chip at its model's speed (it has no peers and ran slower than that)",
-    "joint": "every part fixed together",
-    "capacity": "every serving device twice as fast",
-    "extra": "nothing: served requests are outliers for the time they queued",
+# Each fix the replay prices: what it does (said in the finding) and what it says the
+# finding is (findings.KINDS): a part back at its peers' speed or its nominal bandwidth was
+# a fault; one that had to be made faster than the rack has, a bottleneck. A fix without
+# a kind keeps the rule's.
+_FIXES: dict[str, tuple[str, str | None]] = {
+    "peers": ("its work at its peers' median speed, late starts removed", "fault"),
+    "nominal": ("the link at its nominal bandwidth", "fault"),
+    "2x": ("the link at twice its nominal bandwidth", "bottleneck"),
+    "chip 2x": ("the chip twice as fast (it is as fast as its peers)", "bottleneck"),
+    "type 2x": ("every chip of its type twice as fast (they share the work)", "bottleneck"),
+    "typical": ("the transfers it pushed elsewhere at their typical time", "fault"),
+    "back": ("the serving devices it cut off back in the pool (the batcher replayed)", "fault"),
+    "share": ("the chip it cut off doing its share again (its peers that much faster)", "fault"),
+    "spec": ("the chip at its model's speed (it has no peers and ran slower than that)", "fault"),
+    "joint": ("every part fixed together", None),
+    "capacity": ("every serving device twice as fast", "bottleneck"),
+    "extra": ("nothing: served requests are outliers for the time they queued", None),
 }
 
 
@@ -237,7 +225,7 @@ def replay_savings(x: RuleInput, found: list[Finding], sweep: bool = True) -> li
             # what the others were measured to wait for it.
             out.append(f)
             continue
-        out.append(_priced(x, f, saving, _HOW[best], _KIND.get(best)))
+        out.append(_priced(x, f, saving, *_FIXES[best]))
     return _fold(x, out, speeds)
 
 
@@ -303,7 +291,7 @@ def _fold(x: RuleInput, found: list[Finding], speeds: dict[str, float]) -> list[
         # Parts that save nothing alone but the step together: the fabric's design (a
         # bottleneck), unless every one of them was below its own spec.
         kind = "fault" if all(m.kind == "fault" for m in members) else "bottleneck"
-        f = _priced(x, lead, joint, _HOW["joint"], kind, parts=len(parts))
+        f = _priced(x, lead, joint, _FIXES["joint"][0], kind, parts=len(parts))
         out.append(dataclasses.replace(f, parts=parts))
     return [f for f in out if id(f) not in folded]
 
