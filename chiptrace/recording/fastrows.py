@@ -23,6 +23,8 @@ the GIL: shorter holds make that rarer too.
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import operator
 import os
 import threading
@@ -220,11 +222,56 @@ def _all_attributes(rows: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
     return list(map(dict, map(zip, map(keys, rows), map(vals, rows))))
 
 
+_ESCAPE = json.encoder.encode_basestring_ascii  # vocab.dumps' string encoder
+_BOOL_JSON = {True: "true", False: "false"}
+
+
+def _column_json(values: list[Any]) -> list[str] | None:
+    """Each value as vocab.dumps writes it, a whole column at a time in C-level maps, for a
+    column of one plain type; None for anything else (the general path takes it)."""
+    types = set(map(type, values))
+    if types == {int}:
+        return list(map(int.__repr__, values))
+    if types == {str}:
+        return list(map(_ESCAPE, values))
+    if types == {bool}:
+        return list(map(_BOOL_JSON.__getitem__, values))
+    if types == {float} and all(map(math.isfinite, values)):
+        return list(map(float.__repr__, values))
+    return None
+
+
+def _columns_json(rows: Sequence[tuple[Any, ...]]) -> list[str] | None:
+    """The attributes' JSON of site rows that all carry the same keys (one call site, the
+    usual case), built a column at a time: vocab.dumps' exact text without a dict or an
+    encoder call a row (~0.3 against ~0.85 us a row). None where it does not apply."""
+    n = len(rows[0])
+    if n <= PLAIN_LEN or len(set(map(len, rows))) != 1:
+        return None
+    k = (n - PLAIN_LEN) // 2
+    keys = rows[0][PLAIN_LEN : PLAIN_LEN + k]
+    if len(set(map(operator.itemgetter(slice(PLAIN_LEN, PLAIN_LEN + k)), rows))) != 1:
+        return None
+    if not _TYPED_KEYS.isdisjoint(keys) or set(map(type, keys)) != {str}:
+        return None  # typed attributes are checked per span; JSON keys must be strings
+    parts: list[Any] = []
+    for j, key in enumerate(keys):
+        encoded = _column_json(list(map(operator.itemgetter(PLAIN_LEN + k + j), rows)))
+        if encoded is None:
+            return None
+        parts += [itertools.repeat(("{" if j == 0 else ",") + _ESCAPE(key) + ":"), encoded]
+    parts.append(itertools.repeat("}"))
+    return list(map("".join, zip(*parts)))
+
+
 def _attributes_json(rows: Sequence[tuple[Any, ...]]) -> tuple[list[str | None], list[int]]:
     """The JSON of site rows' attributes (position 7), and the positions of rows that
     need the general conversion: a typed key (`op.bytes`, `chip.id`: its own column,
     checked) or a value JSON cannot take. C-level maps when all are plain (~0.5 us a row
     against ~2 us through chiptrace.recording.rows)."""
+    by_column: list[str | None] | None = _columns_json(rows)
+    if by_column is not None:
+        return by_column, []
     attrs = _all_attributes(rows)
     if not all(map(_TYPED_KEYS.isdisjoint, attrs)):
         return _attributes_json_slow(attrs)

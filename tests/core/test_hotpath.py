@@ -13,6 +13,8 @@ import weakref
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import chiptrace
 from chiptrace.propagation import inject
@@ -233,3 +235,36 @@ def test_site_rows_attributes_read_back_whatever_their_lengths(pairs: list | Non
     assert _all_attributes(rows) == [site_row_attributes(r) for r in rows]
     want = {"a": 1, "b": 2} if pairs is None else dict(pairs)
     assert _all_attributes(rows)[-1] == want
+
+
+_VALUES = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.text(max_size=12),
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.none(),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=3, unique=True),
+    data=st.data(),
+)
+def test_site_rows_json_by_column_is_dumps_exactly(keys: list[str], data: st.DataObject) -> None:
+    """The column-at-a-time JSON of site rows is vocab.dumps' text for every row, whatever
+    the values (a column of mixed or odd types takes the general path)."""
+    from chiptrace.recording.fastrows import _attributes_json
+    from chiptrace.vocab import dumps
+
+    n = data.draw(st.integers(min_value=1, max_value=5))
+    rows = []
+    for i in range(n):
+        values = [data.draw(_VALUES) for _ in keys]
+        rows.append((1, 2, 3, i, 5, 6, 7, *keys, *values))
+    text, general = _attributes_json(rows)
+    expected = [dumps(dict(zip(keys, r[7 + len(keys) :]))) for r in rows]
+    assert [t for i, t in enumerate(text) if i not in general] == [
+        e for i, e in enumerate(expected) if i not in general
+    ]
