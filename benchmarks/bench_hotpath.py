@@ -31,6 +31,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from collections.abc import Callable
@@ -377,10 +378,13 @@ def stalls(traced: Fn, bare: Fn, otel: Fn, provider: object, tmp: Path, n: int) 
     chiptrace.shutdown()
     provider.force_flush()
     lat_bare = per_call_latencies(bare, lambda: False, min(busy_s, 10))
+    lat_shared = _beside_a_gil_sharer(bare, min(busy_s, 30))
     print(
         f"  (writer busy {busy_s:.2f} s converting and writing {n:,} spans; {len(lat):,} calls"
         f" timed meanwhile; {int((lat > 2000).sum())} over 2 ms, {int((lat > 5).sum())} over 5 us;"
         f" bare calls alone: {int((lat_bare > 2000).sum())} of {len(lat_bare):,} over 2 ms;"
+        f" bare calls beside a thread holding the GIL 0.5 ms at a time:"
+        f" {int((lat_shared > 2000).sum())} of {len(lat_shared):,} over 2 ms;"
         f" garbage collections meanwhile: {pauses.line()})"
     )
     return [
@@ -404,7 +408,32 @@ def stalls(traced: Fn, bare: Fn, otel: Fn, provider: object, tmp: Path, n: int) 
             "machine noise: p99 of a bare call, same loop", "us", float(np.percentile(lat_bare, 99))
         ),
         Figure("machine noise: longest bare call, same loop", "us", float(lat_bare.max())),
+        Figure(
+            "machine noise: longest bare call beside a thread sharing the GIL",
+            "us",
+            float(lat_shared.max()),
+        ),
     ]
+
+
+def _beside_a_gil_sharer(bare: Fn, seconds: float) -> np.ndarray:
+    """Bare calls timed alone while another thread holds the GIL half a millisecond at a
+    time, pausing as chiptrace's writer pauses: the floor of the longest call for two busy
+    threads on this machine (a core taken from the holder is a wait for the caller)."""
+    stop = threading.Event()
+
+    def sharer() -> None:
+        while not stop.is_set():
+            np.fromiter(range(20_000), np.int64)  # ~0.5 ms holding the GIL
+            time.sleep(0.0002)
+
+    t = threading.Thread(target=sharer, daemon=True)
+    t.start()
+    try:
+        return per_call_latencies(bare, lambda: False, seconds)
+    finally:
+        stop.set()
+        t.join()
 
 
 def main() -> None:
