@@ -149,20 +149,25 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, c: str) -> dict:
+def _program(tmp_path: Path, source: str, c: str) -> str:
+    """Run `source` in a fresh interpreter with CHIPTRACE_C_WRAPPER=c, its trace dir (also
+    its first argument) its own; returns its stdout (a failed run fails the test)."""
     out = tmp_path / f"trace-{c}"
-    env = {**os.environ, "CHIPTRACE_C_WRAPPER": c, "CHIPTRACE_DIR": str(out)}
-    script = tmp_path / "program.py"
-    script.write_text(PROGRAM)
+    script = tmp_path / f"program-{c}.py"
+    script.write_text(source)
     done = subprocess.run(
         [sys.executable, str(script), str(out)],
-        env=env,
+        env={**os.environ, "CHIPTRACE_C_WRAPPER": c, "CHIPTRACE_DIR": str(out)},
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def _run(tmp_path: Path, c: str) -> dict:
+    return json.loads(_program(tmp_path, PROGRAM, c).splitlines()[-1])
 
 
 def _built() -> bool:
@@ -243,17 +248,7 @@ def test_a_keyboard_interrupt_raised_inside_recording_reaches_the_program(
     """A signal handler's KeyboardInterrupt or SystemExit can be raised inside the Python
     code a span's end calls (the chunk's roll): it is the program's, never swallowed (the C
     wrapper swallowed it, and a SIGTERM handler's sys.exit() then never ended the process)."""
-    script = tmp_path / "interrupted.py"
-    script.write_text(INTERRUPTED)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "t")],
-        env={**os.environ, "CHIPTRACE_C_WRAPPER": c},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "raised,raised"
+    assert _program(tmp_path, INTERRUPTED, c) == "raised,raised"
 
 
 RECURSIVE = textwrap.dedent(
@@ -285,15 +280,5 @@ def test_deep_recursion_is_a_recursion_error_never_a_crash(tmp_path: Path, c: st
     """A traced recursive function goes as deep under the C wrapper as under the Python one
     at the default limit; past what the C stack can take it raises RecursionError (it
     crashed with SIGSEGV at ~15,000 levels once a program raised the limit)."""
-    script = tmp_path / "recursive.py"
-    script.write_text(RECURSIVE)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "t")],
-        env={**os.environ, "CHIPTRACE_C_WRAPPER": c},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
     expected = "RecursionError" if c == "1" and _built() else "20000"  # C where it was built
-    assert done.stdout.strip() == f"300,RecursionError,{expected}"
+    assert _program(tmp_path, RECURSIVE, c) == f"300,RecursionError,{expected}"
