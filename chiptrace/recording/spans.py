@@ -332,12 +332,10 @@ class Span(otel_trace.Span):
     ) -> None:
         if self.end_ns:
             return _ended(self, "add_event")
+        if len(self.events or ()) >= LIMITS.events:
+            return  # past OTEL_SPAN_EVENT_COUNT_LIMIT (0: no events at all)
         if self.events is None:
-            if not LIMITS.events:
-                return  # OTEL_SPAN_EVENT_COUNT_LIMIT=0: no events at all
             self.events = []
-        elif len(self.events) >= LIMITS.events:
-            return  # past OTEL_SPAN_EVENT_COUNT_LIMIT
         self.events.append(
             (name, timestamp or _time_ns(), bounded(attributes) if attributes else None)
         )
@@ -347,12 +345,10 @@ class Span(otel_trace.Span):
             return _ended(self, "add_link")
         if context is None or not context.is_valid:
             return
+        if len(self.links or ()) >= LIMITS.links:
+            return  # past OTEL_SPAN_LINK_COUNT_LIMIT (0: no links at all)
         if self.links is None:
-            if not LIMITS.links:
-                return  # OTEL_SPAN_LINK_COUNT_LIMIT=0: no links at all
             self.links = []
-        elif len(self.links) >= LIMITS.links:
-            return  # past OTEL_SPAN_LINK_COUNT_LIMIT
         self.links.append(
             (context.trace_id.to_bytes(16, "big"), context.span_id, dict(attributes or {}))
         )
