@@ -108,6 +108,53 @@ supersede(PyObject **et, PyObject **ev, PyObject **tb)
     *tb = b;
 }
 
+/* One ended span's row to the recorder, as the Python bodies inline Recorder.record:
+ * appended to its current chunk, the chunk rolled when full; before a recorder runs, to
+ * record_first. Returns 0, or -1 with an error set. */
+static int
+record(PyObject *row)
+{
+    PyObject *r;
+    if (REC == Py_None) {
+        r = PyObject_CallOneArg(RECORD_FIRST, row);
+    }
+    else {
+        PyObject *cur = PyObject_GetAttr(REC, S_CUR);
+        if (cur == NULL)
+            return -1;
+        int full = 0;
+        if (PyList_CheckExact(cur)) {
+            if (PyList_Append(cur, row) < 0) {
+                Py_DECREF(cur);
+                return -1;
+            }
+            full = PyList_GET_SIZE(cur) >= CHUNK_ROWS;
+        }
+        Py_DECREF(cur);
+        if (!full)
+            return 0;
+        r = PyObject_CallMethodNoArgs(REC, S_ROLL);
+    }
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Make `span` the current span; returns the context token, or NULL with an error set. A
+ * context holding nothing but the parent span (the usual case) is replaced whole: a
+ * one-key dict costs less than a copy of the old one. */
+static PyObject *
+make_current(PyObject *ctx, int has_parent, PyObject *span)
+{
+    PyObject *inner = PyDict_GET_SIZE(ctx) == has_parent ? PyDict_New() : PyDict_Copy(ctx);
+    if (inner == NULL)
+        return NULL;
+    PyObject *token = PyDict_SetItem(inner, KEY, span) < 0 ? NULL : PyContextVar_Set(VAR, inner);
+    Py_DECREF(inner);
+    return token;
+}
+
 /* After the call: the row to the recorder (or to end_live / record_first). Errors are
  * cleared (swallow): recording never raises into the traced program. Returns -1 with a
  * kept error set. */
@@ -115,7 +162,6 @@ static int
 finish(Wrapper *self, PyObject *th, PyObject *tl, PyObject *sid, PyObject *pid,
        PyObject *start, PyObject *end)
 {
-    PyObject *r = NULL;
     int extra = 0;
     if (EXTRA != NULL && PyDict_GET_SIZE(EXTRA)) {
         extra = PyDict_Contains(EXTRA, sid);
@@ -125,35 +171,20 @@ finish(Wrapper *self, PyObject *th, PyObject *tl, PyObject *sid, PyObject *pid,
         }
     }
     if (extra) {
-        r = PyObject_CallFunctionObjArgs(END_LIVE, th, tl, sid, self->site, pid, start, end,
-                                         NULL);
+        PyObject *r = PyObject_CallFunctionObjArgs(END_LIVE, th, tl, sid, self->site, pid,
+                                                   start, end, NULL);
+        Py_XDECREF(r);
+        return r == NULL ? swallow() : 0;
     }
-    else {
-        PyObject *row = PyTuple_Pack(7, self->site, th, tl, sid, pid, start, end);
-        if (row == NULL)
-            return swallow();
-        /* Ints only: it can never be part of a cycle, so the collector need not see it
-         * (a buffer of a million rows would otherwise be walked by each collection). */
-        PyObject_GC_UnTrack(row);
-        if (REC == Py_None) {
-            r = PyObject_CallOneArg(RECORD_FIRST, row);
-        }
-        else {
-            PyObject *cur = PyObject_GetAttr(REC, S_CUR);
-            if (cur != NULL && PyList_CheckExact(cur)) {
-                if (PyList_Append(cur, row) == 0) {
-                    if (PyList_GET_SIZE(cur) >= CHUNK_ROWS)
-                        r = PyObject_CallMethodNoArgs(REC, S_ROLL);
-                    else
-                        r = Py_NewRef(Py_None);
-                }
-            }
-            Py_XDECREF(cur);
-        }
-        Py_DECREF(row);
-    }
-    Py_XDECREF(r);
-    return r == NULL ? swallow() : 0;
+    PyObject *row = PyTuple_Pack(7, self->site, th, tl, sid, pid, start, end);
+    if (row == NULL)
+        return swallow();
+    /* Ints only: it can never be part of a cycle, so the collector need not see it (a
+     * buffer of a million rows would otherwise be walked by each collection). */
+    PyObject_GC_UnTrack(row);
+    int done = record(row);
+    Py_DECREF(row);
+    return done < 0 ? swallow() : 0;
 }
 
 static PyObject *
@@ -216,20 +247,7 @@ wrapper_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObject
     live = make_live(th, tl, sid, start);
     if (live == NULL)
         goto bail;
-    /* A context holding nothing but the parent span (the usual case) is replaced whole. */
-    PyObject *inner;
-    if (PyDict_GET_SIZE(ctx) == (parent != NULL))
-        inner = PyDict_New();
-    else
-        inner = PyDict_Copy(ctx);
-    if (inner == NULL)
-        goto bail;
-    if (PyDict_SetItem(inner, KEY, live) < 0) {
-        Py_DECREF(inner);
-        goto bail;
-    }
-    token = PyContextVar_Set(VAR, inner);
-    Py_DECREF(inner);
+    token = make_current(ctx, parent != NULL, live);
     if (token == NULL)
         goto bail;
 
@@ -475,7 +493,7 @@ block_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     PyObject *parent = PyDict_GetItemWithError(ctx, KEY); /* borrowed, alive with ctx */
-    PyObject *s = NULL, *sid = NULL, *token = NULL, *inner = NULL;
+    PyObject *s = NULL, *sid = NULL, *token = NULL;
     if (parent == NULL && PyErr_Occurred())
         goto fail;
     s = PyBaseObject_Type.tp_new(SPAN, EMPTY, NULL);
@@ -527,25 +545,17 @@ block_enter(PyObject *self, PyObject *Py_UNUSED(ignored))
             Py_DECREF(copy);
         }
     }
-    if (PyDict_GET_SIZE(ctx) == (parent != NULL))
-        inner = PyDict_New();
-    else
-        inner = PyDict_Copy(ctx);
-    if (inner == NULL || PyDict_SetItem(inner, KEY, s) < 0)
-        goto fail;
-    token = PyContextVar_Set(VAR, inner);
+    token = make_current(ctx, parent != NULL, s);
     if (token == NULL)
         goto fail;
     put(s, S_TOKEN, token);
     put(s, S_OWNER, Py_NewRef(self));
     put(self, B_LAST, Py_NewRef(s));
     put(s, S_START, now());
-    Py_DECREF(inner);
     Py_DECREF(sid);
     Py_DECREF(ctx);
     return s;
 fail:
-    Py_XDECREF(inner);
     Py_XDECREF(sid);
     Py_XDECREF(s);
     Py_DECREF(ctx);
@@ -747,21 +757,7 @@ block_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     row = block_row(s, end);
     if (row == NULL)
         goto error;
-    if (REC == Py_None) {
-        r = PyObject_CallOneArg(RECORD_FIRST, row);
-    }
-    else {
-        PyObject *chunk = PyObject_GetAttr(REC, S_CUR);
-        if (chunk == NULL)
-            goto error;
-        if (PyList_CheckExact(chunk) && PyList_Append(chunk, row) == 0 &&
-            PyList_GET_SIZE(chunk) >= CHUNK_ROWS)
-            r = PyObject_CallMethodNoArgs(REC, S_ROLL);
-        else
-            r = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-        Py_DECREF(chunk);
-    }
-    if (r == NULL)
+    if (record(row) < 0)
         goto error;
     goto done;
 error:

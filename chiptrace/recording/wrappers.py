@@ -48,13 +48,14 @@ def bind(state: dict[str, Any], **calls: Any) -> None:
     Raises:
         TypeError: a name the body does not call, or one it calls left out.
     """
-    global G
+    global G, _C
     if set(calls) != _CALLS:
         raise TypeError(f"wrappers.bind: expected {sorted(_CALLS)}, got {sorted(calls)}")
     state.update(calls)
     G = state
-    global _C
     _C = None
+    # The C wrappers read OpenTelemetry's ContextVar itself: a custom context runtime
+    # (OTEL_PYTHON_CONTEXT) keeps the Python body.
     var = getattr(calls["get"], "__self__", None)
     if os.environ.get("CHIPTRACE_C_WRAPPER", "1") != "0" and isinstance(var, ContextVar):
         try:
